@@ -1,0 +1,32 @@
+#!/usr/bin/env python
+"""Convert allenai bilm-tf ELMo files (options.json + weights .hdf5) into a Hugging Face folder.
+
+    python conversion/convert_bilm_tf_to_hf.py --options options.json --weights weights.hdf5 --output elmo-small
+
+The folder holds config.json, model.safetensors, the tokenizer files, a model card with the SHA-256 of the
+source files, and the modeling code so that `AutoModel.from_pretrained(folder, trust_remote_code=True)` works
+without hf_elmo installed. With `--to-bilm-tf MODEL_DIR` it goes the other way.
+"""
+
+import argparse
+import logging
+import sys
+
+from hf_elmo.bilm_tf import BilmTfFormatError
+from hf_elmo.convert import add_convert_arguments, run_convert
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_convert_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return run_convert(args, parser)
+    except (BilmTfFormatError, FileExistsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

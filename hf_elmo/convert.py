@@ -1,0 +1,135 @@
+"""bilm-tf files -> a Hugging Face folder (and back), written atomically: a failed run leaves nothing behind."""
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+
+import torch
+
+from . import bilm_tf
+from .configuration_elmo import ElmoConfig
+from .modeling_elmo import ElmoModel
+from .tokenization_elmo import ElmoTokenizer
+
+
+logger = logging.getLogger(__name__)
+
+
+def sha256_of(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_output_dir(output_dir: str, overwrite: bool = False):
+    """
+    Yields a temporary folder beside `output_dir` and moves it into place only when the block succeeds, so an error
+    or an interrupt never leaves a half-written `output_dir`.
+    """
+    output_dir = os.path.abspath(output_dir)
+    if os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir)) and not overwrite:
+        raise FileExistsError(f"{output_dir} already exists and is not empty; pass overwrite=True (--overwrite).")
+    parent = os.path.dirname(output_dir)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output_dir)}.tmp-")
+    try:
+        yield staging
+        if os.path.exists(output_dir):
+            old = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output_dir)}.old-")
+            os.replace(output_dir, os.path.join(old, "previous"))
+            os.replace(staging, output_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, output_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def load_bilm_tf(options_file: str, weight_file: str, progress: bool = False) -> ElmoModel:
+    """An `ElmoModel` holding the weights of a bilm-tf `options.json` + `.hdf5` pair."""
+    config = bilm_tf.config_from_options(bilm_tf.read_options(options_file), source=options_file)
+    state_dict = bilm_tf.read_weights(weight_file, config, progress=progress)
+    with torch.device("meta"):
+        model = ElmoModel(config)
+    model.load_state_dict(state_dict, strict=True, assign=True)
+    return model.eval()
+
+
+def convert_bilm_tf_to_hf(
+    options_file: str,
+    weight_file: str,
+    output_dir: str,
+    vocab_file: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> str:
+    """
+    Convert bilm-tf's `options.json` + weights `.hdf5` (+ optional vocabulary) into a `save_pretrained` folder:
+    config, `model.safetensors`, tokenizer files and a model card recording the source files' SHA-256.
+    """
+    from .model_card import converted_model_card
+
+    model = load_bilm_tf(options_file, weight_file, progress=progress)
+    if vocab_file is not None:
+        bilm_tf.read_vocab(vocab_file)  # fail on a missing file before anything is written
+    tokenizer = ElmoTokenizer(
+        max_characters_per_token=model.config.max_characters_per_token, vocab_file=vocab_file
+    )
+    sources = {"options": options_file, "weights": weight_file}
+    if vocab_file is not None:
+        sources["vocab"] = vocab_file
+    checksums = {role: {"file": os.path.basename(path), "sha256": sha256_of(path)} for role, path in sources.items()}
+    with atomic_output_dir(output_dir, overwrite=overwrite) as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        with open(os.path.join(staging, "bilm_tf_source.json"), "w", encoding="utf-8") as f:
+            json.dump(checksums, f, indent=2)
+        converted_model_card(model.config, checksums).save(os.path.join(staging, "README.md"))
+    logger.info("Wrote %s", output_dir)
+    return output_dir
+
+
+def convert_hf_to_bilm_tf(model_dir: str, output_dir: str, overwrite: bool = False) -> tuple[str, str]:
+    """Export a saved `ElmoModel` (or any ELMo head's biLM) as bilm-tf `options.json` + `weights.hdf5`."""
+    model = ElmoModel.from_pretrained(model_dir)
+    config: ElmoConfig = model.config
+    with atomic_output_dir(output_dir, overwrite=overwrite) as staging:
+        with open(os.path.join(staging, "options.json"), "w", encoding="utf-8") as f:
+            json.dump(bilm_tf.options_from_config(config), f, indent=2)
+        bilm_tf.write_weights(os.path.join(staging, "weights.hdf5"), model.state_dict(), config)
+    return os.path.join(output_dir, "options.json"), os.path.join(output_dir, "weights.hdf5")
+
+
+def add_convert_arguments(parser) -> None:
+    """The converter's command-line options, shared by `conversion/` and `hf-elmo convert`."""
+    parser.add_argument("--options", help="bilm-tf options.json (architecture of the model).")
+    parser.add_argument("--weights", help="bilm-tf weights .hdf5 (as written by bilm-tf's dump_weights).")
+    parser.add_argument("--vocab", default=None, help="optional bilm-tf vocabulary file (one word per line), "
+                        "saved with the tokenizer for language-model heads.")
+    parser.add_argument("--output", required=True, help="folder to write; created atomically (nothing is left "
+                        "behind on failure).")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it already exists.")
+    parser.add_argument("--to-bilm-tf", metavar="MODEL_DIR", default=None,
+                        help="reverse direction: export the hf_elmo model in MODEL_DIR as options.json + "
+                        "weights.hdf5 into --output (then --options/--weights are not used).")
+    parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar.")
+
+
+def run_convert(args, parser) -> int:
+    if args.to_bilm_tf:
+        options, weights = convert_hf_to_bilm_tf(args.to_bilm_tf, args.output, overwrite=args.overwrite)
+        logger.info("Wrote %s and %s", options, weights)
+        return 0
+    if not args.options or not args.weights:
+        parser.error("--options and --weights are required (or --to-bilm-tf MODEL_DIR for the reverse direction)")
+    convert_bilm_tf_to_hf(args.options, args.weights, args.output, vocab_file=args.vocab,
+                          overwrite=args.overwrite, progress=not args.no_progress)
+    return 0

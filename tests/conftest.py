@@ -1,0 +1,36 @@
+"""Shared test fixtures: bilm-tf's own test model and outputs, read from the allennlp 0.9.0 wheel
+(fetched once with pip into $HF_ELMO_TEST_CACHE, see hf_elmo.testing_utils; allennlp is never imported)."""
+
+from pathlib import Path
+
+import pytest
+
+from hf_elmo.testing_utils import allennlp_fixture_root
+
+
+@pytest.fixture(scope="session")
+def fixtures_root() -> Path:
+    """`allennlp/tests/fixtures` from the allennlp 0.9.0 wheel."""
+    return allennlp_fixture_root()
+
+
+@pytest.fixture(scope="session")
+def elmo_fixture(fixtures_root) -> Path:
+    """bilm-tf's test model: options.json, lm_weights.hdf5, lm_embeddings_*.hdf5, sentences.json, ..."""
+    return fixtures_root / "elmo"
+
+
+@pytest.fixture(scope="session")
+def converted_dir(elmo_fixture, tmp_path_factory) -> Path:
+    """The bilm-tf fixture model converted with the converter, as a `save_pretrained` folder."""
+    from hf_elmo.convert import convert_bilm_tf_to_hf
+
+    output = tmp_path_factory.mktemp("converted") / "elmo-fixture"
+    convert_bilm_tf_to_hf(
+        str(elmo_fixture / "options.json"),
+        str(elmo_fixture / "lm_weights.hdf5"),
+        str(output),
+        vocab_file=str(elmo_fixture / "vocab_test.txt"),
+        progress=False,
+    )
+    return output
