@@ -88,14 +88,21 @@ def main():
     layers = torch.stack(output.hidden_states)  # (layers, batch, words, 2 * projection_dim)
     log.info("input_ids %s -> %d layers of %s", tuple(batch["input_ids"].shape), layers.shape[0],
              tuple(layers.shape[1:]))
+    words = []
     for row, sentence in enumerate(sentences):
         n = int(batch["attention_mask"][row].sum())
-        words = [sentence[s:e] for s, e in offsets[row, :n].tolist()]
-        norms = layers[:, row, :n].norm(dim=-1)
-        log.info("\n%s", sentence)
-        for i, word in enumerate(words):
-            log.info("  %-16s |layer 0..%d| = %s", word, layers.shape[0] - 1,
-                     "  ".join(f"{v:7.3f}" for v in norms[:, i].tolist()))
+        words.append([sentence[s:e] for s, e in offsets[row, :n].tolist()])
+        log.info("sentence %d: %d words %s", row, n, words[-1])
+
+    # ELMo's point: the token layer is context-free, the LSTM layers are not. Compare a word shared by two
+    # sentences, layer by layer (cosine similarity 1.0 = identical vectors).
+    shared = [w for w in dict.fromkeys(words[0]) if len(sentences) > 1 and w in words[1] and w.isalpha()]
+    if shared:
+        log.info("\ncosine similarity of the same word in sentences 0 and 1, per layer:")
+        for word in shared:
+            a, b = layers[:, 0, words[0].index(word)], layers[:, 1, words[1].index(word)]
+            sims = torch.nn.functional.cosine_similarity(a, b, dim=-1).tolist()
+            log.info("  %-12s %s", word, "  ".join(f"layer {j}: {v:.3f}" for j, v in enumerate(sims)))
 
     if fixture is not None:
         worst = check_against_bilm_tf(model, tokenizer, fixture)
