@@ -4,16 +4,22 @@
 - `read_text_classification_file`: TSV/CSV files with a text column and a label column.
 - `entity_scores`: entity-level precision / recall / F1 per type, with the chunk rules of the CoNLL `conlleval`
   script (the default, non-strict mode of seqeval): IOB1, IOB2 and IOBES tags all work.
+- `classification_scores`: accuracy and per-class / macro precision, recall, F1 for sentence labels.
 - `plot_layer_weights`: the learned softmax weight of each biLM layer per task, as in Figure 2 of the ELMo paper.
+- `add_finetuning_arguments`, `head_options`, `training_arguments`: the command-line options and Trainer set-up
+  shared by `examples/run_token_classification.py` and `examples/run_sequence_classification.py`.
 
 Every reading error names the file and line. Nothing here is copied for `trust_remote_code`.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
 
 
@@ -27,7 +33,15 @@ OUTSIDE = "O"
 class TaggedSentence:
     words: list[str]
     tags: list[str]
-    line: int  # line of the first word, for messages
+    source: str = "<memory>"  # the file, or the dataset and split, it came from
+    line: int = 0  # line of its first word in a CoNLL file (one word per line), or its row in a dataset
+    from_file: bool = True
+
+    def where(self, word: int = 0) -> str:
+        """Where a word of this sentence came from: `file:line`, or `dataset row R word W`."""
+        if self.from_file:
+            return f"{self.source}:{self.line + word}"
+        return f"{self.source} row {self.line} word {word}"
 
 
 class DataFileError(ValueError):
@@ -51,7 +65,7 @@ def read_conll(path: str | os.PathLike, label_column: int = -1, word_column: int
             line = raw.strip()
             if not line or line.startswith(DOCSTART):
                 if words:
-                    sentences.append(TaggedSentence(words, tags, first_line))
+                    sentences.append(TaggedSentence(words, tags, path, first_line))
                     words, tags = [], []
                 continue
             columns = line.split()
@@ -74,7 +88,7 @@ def read_conll(path: str | os.PathLike, label_column: int = -1, word_column: int
             words.append(columns[word_column])
             tags.append(columns[label_column])
     if words:
-        sentences.append(TaggedSentence(words, tags, first_line))
+        sentences.append(TaggedSentence(words, tags, path, first_line))
     if not sentences:
         raise DataFileError(f"{path}: no sentences found (the file is empty or holds only -DOCSTART- lines).")
     return sentences
@@ -84,7 +98,12 @@ def read_conll(path: str | os.PathLike, label_column: int = -1, word_column: int
 class LabelledText:
     text: str
     label: str
-    line: int
+    source: str = "<memory>"  # the file, or the dataset and split, it came from
+    line: int = 0  # its line in the file, or its row in a dataset
+    from_file: bool = True
+
+    def where(self) -> str:
+        return f"{self.source}:{self.line}" if self.from_file else f"{self.source} row {self.line}"
 
 
 def read_text_classification_file(
@@ -122,7 +141,7 @@ def read_text_classification_file(
             label = fields[label_index].strip()
             if not label:
                 raise DataFileError(f"{path}:{number}: the {label_column!r} field is empty.")
-            rows.append(LabelledText(fields[text_index], label, number))
+            rows.append(LabelledText(fields[text_index], label, path, number))
     if not rows:
         raise DataFileError(f"{path}: no rows after the header line.")
     return rows
@@ -138,13 +157,13 @@ def build_label_map(labels, outside: str | None = None) -> dict[int, str]:
 
 
 def label_ids(labels, label2id: dict[str, int], where) -> list[int]:
-    """Map label names to ids; an unknown label raises with `where(i)`, e.g. "file:line"."""
+    """Map label names to ids; an unknown label raises naming `where(i)` (e.g. "file:line") for label i."""
     ids = []
     for i, label in enumerate(labels):
         if label not in label2id:
             raise DataFileError(
-                f"{where(i)}: label {label!r} is not one of the model's labels {sorted(label2id)} (labels come from "
-                "the training file or the model's id2label)."
+                f"{where(i)}: label {label!r} is not one of the model's labels {sorted(label2id)} (they come from "
+                "the training data, or from --model when it already has a classification head)."
             )
         ids.append(label2id[label])
     return ids
@@ -229,6 +248,21 @@ def _prf(correct: int, predicted: int, gold: int) -> dict[str, float]:
     return {"precision": precision, "recall": recall, "f1": f1, "support": gold}
 
 
+def classification_scores(gold: list[str], predicted: list[str]) -> dict:
+    """Accuracy, and precision / recall / F1 / support per class (every class seen in gold or predicted) and macro."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"classification_scores: {len(gold)} gold labels but {len(predicted)} predicted.")
+    if not gold:
+        raise ValueError("classification_scores: no examples.")
+    per_class = {}
+    for label in sorted(set(gold) | set(predicted)):
+        correct = sum(g == p == label for g, p in zip(gold, predicted))
+        per_class[label] = _prf(correct, predicted.count(label), gold.count(label))
+    macro = {key: sum(c[key] for c in per_class.values()) / len(per_class) for key in ("precision", "recall", "f1")}
+    accuracy = sum(g == p for g, p in zip(gold, predicted)) / len(gold)
+    return {"accuracy": accuracy, "macro": macro, "classes": per_class}
+
+
 # ---------------------------------------------------------------------------------------------
 # Figure 2 of the paper: where each task puts its weight.
 # ---------------------------------------------------------------------------------------------
@@ -267,14 +301,160 @@ def plot_layer_weights(weights_by_task: dict[str, list[float]], path: str | os.P
     axes.set_title(title or "Learned ELMo layer weights (softmax-normalised)")
     figure.colorbar(image, ax=axes)
     figure.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=folder, suffix=".png")
+    os.close(handle)
+    try:
+        figure.savefig(temporary, dpi=120)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    finally:
+        plt.close(figure)
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared by the example scripts.
+# ---------------------------------------------------------------------------------------------
+def add_finetuning_arguments(parser: argparse.ArgumentParser, default_learning_rate: float = 1e-3):
+    """The model, head and training options both example scripts take."""
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", required=True,
+                       help="folder (or Hub name) of an ELMo model: a converted biLM such as the one "
+                       "examples/quickstart.py writes, or a head fine-tuned earlier (its labels are then reused)")
+    model.add_argument("--unfreeze-elmo", action="store_true",
+                       help="fine-tune the biLM's weights too (default: keep them frozen and train only the layer "
+                       "mix and the head, as in the paper)")
+    model.add_argument("--mix-layer-norm", action="store_true",
+                       help="layer-normalise each biLM layer (per sentence) before mixing the layers")
+    model.add_argument("--mix-l2-coef", type=float, default=0.0,
+                       help="L2 penalty pulling the layer weights toward an even mix (the paper's lambda; "
+                       "default: %(default)s = none)")
+    model.add_argument("--dropout", type=float, default=0.5,
+                       help="dropout on the mixed ELMo vectors (default: %(default)s)")
+    model.add_argument("--head-lstm-dim", type=int, default=None,
+                       help="add a biLSTM with this many units per direction between the mix and the classifier "
+                       "(default: none, a linear classifier on the mix)")
+    model.add_argument("--head-lstm-layers", type=int, default=1,
+                       help="layers of that biLSTM (default: %(default)s)")
+
+    training = parser.add_argument_group("training")
+    training.add_argument("--output-dir", required=True,
+                          help="where the fine-tuned model, labels.json, metrics.json, layer_weights.png and the "
+                          "checkpoints (checkpoint-N) are written")
+    training.add_argument("--epochs", type=float, default=10, help="training epochs (default: %(default)s)")
+    training.add_argument("--max-steps", type=int, default=-1,
+                          help="stop after this many optimiser steps, overriding --epochs (default: no limit)")
+    training.add_argument("--batch-size", type=int, default=32,
+                          help="sentences per device per step (default: %(default)s)")
+    training.add_argument("--gradient-accumulation-steps", type=int, default=1,
+                          help="accumulate this many batches per optimiser step; the loss stays the mean over "
+                          "every labelled item of the accumulated batch (default: %(default)s)")
+    training.add_argument("--learning-rate", type=float, default=default_learning_rate,
+                          help="peak AdamW learning rate, decayed linearly to 0 (default: %(default)s)")
+    training.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default: %(default)s)")
+    training.add_argument("--warmup", type=float, default=0.0,
+                          help="learning-rate warm-up: steps, or a fraction of all steps when below 1 "
+                          "(default: %(default)s)")
+    training.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
+    training.add_argument("--save-total-limit", type=int, default=2,
+                          help="keep at most this many epoch checkpoints (default: %(default)s)")
+    training.add_argument("--resume-from-checkpoint", default=None, metavar="CHECKPOINT",
+                          help="continue an interrupted run: a checkpoint-N folder, or 'last' for the newest one "
+                          "in --output-dir")
+    training.add_argument("--logging-steps", type=int, default=50,
+                          help="log the training loss every this many steps (default: %(default)s)")
+    training.add_argument("--task-name", default=None,
+                          help="name of the task in metrics.json and on the layer-weight plot (default: derived "
+                          "from the training data)")
+    return parser
+
+
+def head_options(args) -> dict:
+    """`from_pretrained` keyword arguments for the head, from the parsed options."""
+    return {
+        "freeze_elmo": not args.unfreeze_elmo,
+        "mix_layer_norm": args.mix_layer_norm,
+        "mix_l2_coef": args.mix_l2_coef,
+        "mix_dropout": args.dropout,
+        "head_lstm_dim": args.head_lstm_dim,
+        "head_lstm_layers": args.head_lstm_layers,
+    }
+
+
+def training_arguments(args, evaluate: bool):
+    """`TrainingArguments` for the parsed options: evaluate (when there is validation data) and save every epoch."""
+    import torch
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=args.output_dir,
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        learning_rate=args.learning_rate,
+        weight_decay=args.weight_decay,
+        warmup_steps=args.warmup,
+        seed=args.seed,
+        eval_strategy="epoch" if evaluate else "no",
+        save_strategy="epoch",
+        save_total_limit=args.save_total_limit,
+        logging_steps=args.logging_steps,
+        report_to="none",
+        dataloader_pin_memory=torch.cuda.is_available(),
+    )
+
+
+def resolve_checkpoint(value: str | None, output_dir: str) -> str | None:
+    """`--resume-from-checkpoint`: a folder, or 'last' for the newest checkpoint-N in `output_dir`."""
+    if value != "last":
+        if value is not None and not os.path.isdir(value):
+            raise FileNotFoundError(f"--resume-from-checkpoint: {value} is not a folder.")
+        return value
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if last is None:
+        raise FileNotFoundError(f"--resume-from-checkpoint last: no checkpoint-N folder in {output_dir}.")
+    return last
+
+
+def write_json(path: str | os.PathLike, data) -> None:
+    """Write JSON through a temporary file in the same folder, so a crash never leaves half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def existing_label_map(config, architecture: str) -> dict[int, str] | None:
+    """The `id2label` of a model folder that already holds this kind of head, else None (a new head)."""
+    if architecture in (getattr(config, "architectures", None) or []):
+        return {int(i): label for i, label in config.id2label.items()}
+    return None
 
 
 __all__ = [
     "DataFileError",
+    "add_finetuning_arguments",
+    "classification_scores",
+    "existing_label_map",
+    "head_options",
+    "resolve_checkpoint",
+    "training_arguments",
+    "write_json",
     "LabelledText",
     "TaggedSentence",
     "build_label_map",

@@ -48,7 +48,7 @@ def train(model, features, collator, tmp_path, epochs, learning_rate):
 def ner_folder(converted_dir, fixtures_root, tmp_path_factory):
     """A token-classification model that fits its training sentences exactly, saved with its tokenizer."""
     sentences = read_conll(fixtures_root / "data" / "conll2003.txt")
-    sentences += [TaggedSentence(text.split(), tags.split(), 0) for text, tags in EXTRA]
+    sentences += [TaggedSentence(text.split(), tags.split()) for text, tags in EXTRA]
     id2label = build_label_map([t for s in sentences for t in s.tags], outside="O")
     label2id = {v: k for k, v in id2label.items()}
     tokenizer = AutoTokenizer.from_pretrained(converted_dir)

@@ -1,0 +1,202 @@
+#!/usr/bin/env python
+"""Fine-tune ELMo for sentence classification (sentiment, topic, ...) with the Transformers Trainer.
+
+The paper's recipe: the biLM stays frozen, the task learns a softmax-normalised weight per biLM layer and a scale
+to mix them; the word vectors are pooled into one sentence vector (--pooling; optionally after a biLSTM,
+--head-lstm-dim) and a linear classifier labels the sentence.
+
+Data: TSV or CSV files whose first line names the columns (--text-column, --label-column; a tab separates the
+fields of .tsv files and a comma those of other files unless --delimiter says otherwise; fields may be quoted as
+in the csv module), or, with network access, a `datasets` name (--dataset-name, e.g. imdb) or a local folder of
+train/validation/test data files. Labels come from the training data (or from --model when it is a
+sequence-classification model already); any other label in validation or test data is an error.
+
+Output in --output-dir: the model and tokenizer (load them with AutoModelForSequenceClassification, or
+pipeline("text-classification", model=DIR)), labels.json, metrics.json (accuracy and precision / recall / F1 per
+class and macro-averaged), layer_weights.png (the learned layer weights, the analogue of Figure 2 of the paper)
+and the epoch checkpoints.
+
+Example with bilm-tf's small test model (`python examples/quickstart.py` writes it to out/elmo-bilm-tf-fixture):
+
+    python examples/run_sequence_classification.py --model out/elmo-bilm-tf-fixture \\
+        --train-file train.tsv --validation-file dev.tsv --output-dir out/sentiment
+"""
+
+import argparse
+import logging
+import os
+import sys
+
+import numpy as np
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer
+
+import hf_elmo  # noqa: F401  (registers the ELMo Auto classes)
+from hf_elmo.finetuning import (
+    DataFileError,
+    LabelledText,
+    add_finetuning_arguments,
+    build_label_map,
+    classification_scores,
+    existing_label_map,
+    head_options,
+    label_ids,
+    plot_layer_weights,
+    read_text_classification_file,
+    resolve_checkpoint,
+    training_arguments,
+    write_json,
+)
+
+
+logger = logging.getLogger("run_sequence_classification")
+SPLITS = ("train", "validation", "test")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = parser.add_argument_group("data (TSV/CSV files, or --dataset-name)")
+    data.add_argument("--train-file", help="TSV or CSV training file with a header line")
+    data.add_argument("--validation-file", help="file of the same format evaluated after every epoch and at the end")
+    data.add_argument("--test-file", help="file of the same format evaluated once at the end")
+    data.add_argument("--text-column", default="text", help="column holding the text (default: %(default)s)")
+    data.add_argument("--label-column", default="label", help="column holding the label (default: %(default)s)")
+    data.add_argument("--delimiter", default=None,
+                      help="field separator (default: a tab for .tsv files, a comma otherwise)")
+    data.add_argument("--dataset-name",
+                      help="instead of files: a `datasets` name such as imdb (needs network access and "
+                      "`pip install \"hf-elmo[examples]\"`) or a local folder of train/validation/test data files; "
+                      "--text-column and --label-column name its columns")
+    data.add_argument("--dataset-config", help="configuration name of --dataset-name, if it has several")
+    data.add_argument("--pooling", choices=("mean", "max", "final"), default="mean",
+                      help="how word vectors become one sentence vector: mean or max over the words, or final "
+                      "(forward state at the last word with backward state at the first) (default: %(default)s)")
+    add_finetuning_arguments(parser)
+    args = parser.parse_args(argv)
+    if bool(args.train_file) == bool(args.dataset_name):
+        parser.error("give either --train-file (TSV/CSV files) or --dataset-name")
+    if args.dataset_name and (args.validation_file or args.test_file):
+        parser.error("--validation-file / --test-file go with --train-file, not with --dataset-name")
+    return args
+
+
+def read_files(args) -> dict[str, list[LabelledText]]:
+    files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
+    return {
+        split: read_text_classification_file(path, args.text_column, args.label_column, args.delimiter)
+        for split, path in files.items()
+        if path
+    }
+
+
+def read_dataset(args) -> dict[str, list[LabelledText]]:
+    try:
+        from datasets import load_dataset
+    except ImportError as err:
+        raise SystemExit('--dataset-name needs the datasets package: pip install "hf-elmo[examples]"') from err
+    dataset = load_dataset(args.dataset_name, args.dataset_config)
+    if "train" not in dataset:
+        raise DataFileError(f"{args.dataset_name}: no 'train' split (it has {sorted(dataset)}).")
+    splits = {}
+    for split in SPLITS:
+        if split not in dataset:
+            continue
+        table = dataset[split]
+        for column in (args.text_column, args.label_column):
+            if column not in table.column_names:
+                raise DataFileError(f"{args.dataset_name}[{split}]: no column {column!r} (it has {table.column_names}).")
+        names = getattr(table.features[args.label_column], "names", None)  # labels stored as ClassLabel ids
+        splits[split] = [
+            LabelledText(text, names[label] if names else str(label), f"{args.dataset_name}[{split}]", row,
+                         from_file=False)
+            for row, (text, label) in enumerate(zip(table[args.text_column], table[args.label_column]))
+        ]
+    return splits
+
+
+def encode(tokenizer, rows: list[LabelledText], label2id: dict) -> list[dict]:
+    labels = label_ids([row.label for row in rows], label2id, lambda i: rows[i].where())
+    return [{**tokenizer(row.text), "labels": label} for row, label in zip(rows, labels)]
+
+
+def evaluation_report(predictions: np.ndarray, label_ids_: np.ndarray, id2label: dict) -> dict:
+    return classification_scores([id2label[int(i)] for i in label_ids_], [id2label[int(i)] for i in predictions])
+
+
+def log_report(split: str, report: dict):
+    logger.info("%s: accuracy %.4f, macro F1 %.4f", split, report["accuracy"], report["macro"]["f1"])
+    logger.info("  %-16s %9s %9s %9s %8s", "label", "precision", "recall", "f1", "support")
+    for label, scores in report["classes"].items():
+        logger.info("  %-16s %9.4f %9.4f %9.4f %8d", label, scores["precision"], scores["recall"], scores["f1"],
+                    scores["support"])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    splits = read_dataset(args) if args.dataset_name else read_files(args)
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    id2label = existing_label_map(AutoConfig.from_pretrained(args.model), "ElmoForSequenceClassification")
+    if id2label is None:
+        id2label = build_label_map(row.label for row in splits["train"])
+    if len(id2label) < 2:
+        raise DataFileError(f"{splits['train'][0].source}: the training data has a single label "
+                            f"{list(id2label.values())}; a classifier needs at least two.")
+    label2id = {label: i for i, label in id2label.items()}
+    features = {split: encode(tokenizer, rows, label2id) for split, rows in splits.items()}
+    logger.info("Labels: %s; texts: %s", list(id2label.values()), {split: len(f) for split, f in features.items()})
+
+    model = AutoModelForSequenceClassification.from_pretrained(
+        args.model, id2label=id2label, label2id=label2id, problem_type="single_label_classification",
+        classifier_pooling=args.pooling, **head_options(args)
+    )
+
+    def compute_metrics(evaluation):
+        report = evaluation_report(evaluation.predictions, evaluation.label_ids, id2label)
+        return {"accuracy": report["accuracy"], "macro_f1": report["macro"]["f1"]}
+
+    trainer = Trainer(
+        model=model,
+        args=training_arguments(args, evaluate="validation" in features),
+        train_dataset=features["train"],
+        eval_dataset=features.get("validation"),
+        data_collator=DataCollatorWithPadding(tokenizer),
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics,
+        preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
+    )
+    result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint, args.output_dir))
+    trainer.save_model(args.output_dir)
+
+    task = args.task_name or (os.path.splitext(os.path.basename(args.train_file))[0] if args.train_file
+                              else args.dataset_name)
+    weights = model.layer_weights().tolist()
+    metrics = {
+        "task": task,
+        "model": args.model,
+        "train_loss": result.training_loss,
+        "layer_weights": weights,
+        "gamma": float(model.encoder.mix.gamma.detach()),
+    }
+    for split in ("validation", "test"):
+        if split in features:
+            prediction = trainer.predict(features[split], metric_key_prefix=split)
+            report = evaluation_report(prediction.predictions, prediction.label_ids, id2label)
+            report["loss"] = prediction.metrics[f"{split}_loss"]
+            log_report(split, report)
+            metrics[split] = report
+    logger.info("Layer weights (token layer first): %s, gamma %.4f", ", ".join(f"{w:.3f}" for w in weights),
+                metrics["gamma"])
+
+    write_json(os.path.join(args.output_dir, "labels.json"), {"id2label": {str(i): l for i, l in id2label.items()}})
+    write_json(os.path.join(args.output_dir, "metrics.json"), metrics)
+    plot = plot_layer_weights({task: weights}, os.path.join(args.output_dir, "layer_weights.png"))
+    logger.info("Saved the model, labels.json, metrics.json and %s to %s", os.path.basename(plot), args.output_dir)
+    return metrics
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (DataFileError, FileNotFoundError) as err:
+        sys.exit(f"error: {err}")

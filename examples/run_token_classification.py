@@ -1,0 +1,226 @@
+#!/usr/bin/env python
+"""Fine-tune ELMo for token classification (NER, POS tagging, chunking) with the Transformers Trainer.
+
+The paper's recipe: the biLM stays frozen, the task learns a softmax-normalised weight per biLM layer and a scale
+to mix them, then a classifier (optionally after a biLSTM, --head-lstm-dim) labels every word.
+
+Data: CoNLL-format files (one word per line with its columns, blank lines between sentences, -DOCSTART- lines
+skipped; --label-column picks the tag column) or, with network access, a `datasets` name (--dataset-name, e.g.
+conll2003) or a local folder of train/validation/test data files. Labels come from the training data (or from
+--model when it is a token-classification model already); any other label in validation or test data is an error.
+
+Output in --output-dir: the model and tokenizer (load them with AutoModelForTokenClassification, or
+pipeline("token-classification", model=DIR, trust_remote_code=True)), labels.json, metrics.json (token accuracy
+and entity precision / recall / F1 per type, CoNLL conlleval rules), layer_weights.png (the learned layer weights,
+the analogue of Figure 2 of the paper) and the epoch checkpoints.
+
+Example with bilm-tf's small test model (`python examples/quickstart.py` writes it to out/elmo-bilm-tf-fixture):
+
+    python examples/run_token_classification.py --model out/elmo-bilm-tf-fixture \\
+        --train-file train.conll --validation-file dev.conll --output-dir out/ner
+"""
+
+import argparse
+import logging
+import os
+import sys
+
+import numpy as np
+from transformers import (
+    AutoConfig,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    DataCollatorForTokenClassification,
+    Trainer,
+)
+
+import hf_elmo  # noqa: F401  (registers the ELMo Auto classes)
+from hf_elmo.finetuning import (
+    DataFileError,
+    TaggedSentence,
+    add_finetuning_arguments,
+    build_label_map,
+    entity_scores,
+    existing_label_map,
+    head_options,
+    label_ids,
+    plot_layer_weights,
+    read_conll,
+    resolve_checkpoint,
+    training_arguments,
+    write_json,
+)
+
+
+logger = logging.getLogger("run_token_classification")
+SPLITS = ("train", "validation", "test")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = parser.add_argument_group("data (CoNLL files, or --dataset-name)")
+    data.add_argument("--train-file", help="CoNLL-format training file")
+    data.add_argument("--validation-file", help="CoNLL-format file evaluated after every epoch and at the end")
+    data.add_argument("--test-file", help="CoNLL-format file evaluated once at the end")
+    data.add_argument("--word-column", type=int, default=0, help="0-based column of the words (default: %(default)s)")
+    data.add_argument("--label-column", type=int, default=-1,
+                      help="0-based column of the tags; negative counts from the end (default: %(default)s, the "
+                      "last column: the NER tags of CoNLL-2003; -2 or 2 there are the chunk tags, 1 the POS tags)")
+    data.add_argument("--dataset-name",
+                      help="instead of files: a `datasets` name such as conll2003 (needs network access and "
+                      "`pip install \"hf-elmo[examples]\"`) or a local folder of train/validation/test data files")
+    data.add_argument("--dataset-config", help="configuration name of --dataset-name, if it has several")
+    data.add_argument("--tokens-column", default="tokens",
+                      help="--dataset-name column holding each sentence's words (default: %(default)s)")
+    data.add_argument("--tags-column", default="ner_tags",
+                      help="--dataset-name column holding each sentence's tags (default: %(default)s)")
+    add_finetuning_arguments(parser)
+    args = parser.parse_args(argv)
+    if bool(args.train_file) == bool(args.dataset_name):
+        parser.error("give either --train-file (CoNLL files) or --dataset-name")
+    if args.dataset_name and (args.validation_file or args.test_file):
+        parser.error("--validation-file / --test-file go with --train-file, not with --dataset-name")
+    return args
+
+
+def read_files(args) -> dict[str, list[TaggedSentence]]:
+    files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
+    return {
+        split: read_conll(path, label_column=args.label_column, word_column=args.word_column)
+        for split, path in files.items()
+        if path
+    }
+
+
+def read_dataset(args) -> dict[str, list[TaggedSentence]]:
+    try:
+        from datasets import load_dataset
+    except ImportError as err:
+        raise SystemExit('--dataset-name needs the datasets package: pip install "hf-elmo[examples]"') from err
+    dataset = load_dataset(args.dataset_name, args.dataset_config)
+    if "train" not in dataset:
+        raise DataFileError(f"{args.dataset_name}: no 'train' split (it has {sorted(dataset)}).")
+    splits = {}
+    for split in SPLITS:
+        if split not in dataset:
+            continue
+        table = dataset[split]
+        for column in (args.tokens_column, args.tags_column):
+            if column not in table.column_names:
+                raise DataFileError(f"{args.dataset_name}[{split}]: no column {column!r} (it has {table.column_names}).")
+        names = getattr(table.features[args.tags_column], "feature", None)
+        names = getattr(names, "names", None)  # tags stored as ClassLabel ids
+        sentences = []
+        for row, (words, tags) in enumerate(zip(table[args.tokens_column], table[args.tags_column])):
+            tags = [names[t] for t in tags] if names else [str(t) for t in tags]
+            sentences.append(TaggedSentence(list(words), tags, f"{args.dataset_name}[{split}]", row, from_file=False))
+        splits[split] = sentences
+    return splits
+
+
+def encode(tokenizer, sentences: list[TaggedSentence], label2id: dict) -> list[dict]:
+    """Tokenizer features plus one label id per word (the model labels word i at position i)."""
+    features = []
+    for sentence in sentences:
+        if len(sentence.tags) != len(sentence.words):
+            raise DataFileError(
+                f"{sentence.where()}: the sentence has {len(sentence.words)} words but {len(sentence.tags)} tags."
+            )
+        encoded = tokenizer(sentence.words, is_split_into_words=True)
+        features.append({**encoded, "labels": label_ids(sentence.tags, label2id, sentence.where)})
+    return features
+
+
+def predicted_tags(predictions: np.ndarray, label_ids_: np.ndarray, id2label: dict) -> tuple[list, list]:
+    """Gold and predicted tag sequences over the labelled positions of each sentence."""
+    gold, predicted = [], []
+    for row_predictions, row_labels in zip(predictions, label_ids_):
+        keep = row_labels != -100
+        gold.append([id2label[int(i)] for i in row_labels[keep]])
+        predicted.append([id2label[int(i)] for i in row_predictions[keep]])
+    return gold, predicted
+
+
+def evaluation_report(gold, predicted) -> dict:
+    tokens = sum(len(g) for g in gold)
+    correct = sum(a == b for g, p in zip(gold, predicted) for a, b in zip(g, p))
+    return {"token_accuracy": correct / tokens if tokens else 0.0, "entities": entity_scores(gold, predicted)}
+
+
+def log_report(split: str, report: dict):
+    logger.info("%s: token accuracy %.4f", split, report["token_accuracy"])
+    logger.info("  %-10s %9s %9s %9s %8s", "entity", "precision", "recall", "f1", "support")
+    for kind, scores in report["entities"].items():
+        logger.info("  %-10s %9.4f %9.4f %9.4f %8d", kind, scores["precision"], scores["recall"], scores["f1"],
+                    scores["support"])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    splits = read_dataset(args) if args.dataset_name else read_files(args)
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    id2label = existing_label_map(AutoConfig.from_pretrained(args.model), "ElmoForTokenClassification")
+    if id2label is None:
+        id2label = build_label_map([tag for s in splits["train"] for tag in s.tags], outside="O")
+    label2id = {label: i for i, label in id2label.items()}
+    features = {split: encode(tokenizer, sentences, label2id) for split, sentences in splits.items()}
+    logger.info("Labels: %s; sentences: %s", list(id2label.values()),
+                {split: len(f) for split, f in features.items()})
+
+    model = AutoModelForTokenClassification.from_pretrained(
+        args.model, id2label=id2label, label2id=label2id, **head_options(args)
+    )
+
+    def compute_metrics(evaluation):
+        gold, predicted = predicted_tags(evaluation.predictions, evaluation.label_ids, id2label)
+        report = evaluation_report(gold, predicted)
+        return {"token_accuracy": report["token_accuracy"],
+                **{k: v for k, v in report["entities"]["overall"].items() if k != "support"}}
+
+    trainer = Trainer(
+        model=model,
+        args=training_arguments(args, evaluate="validation" in features),
+        train_dataset=features["train"],
+        eval_dataset=features.get("validation"),
+        data_collator=DataCollatorForTokenClassification(tokenizer),
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics,
+        preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
+    )
+    result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint, args.output_dir))
+    trainer.save_model(args.output_dir)
+
+    task = args.task_name or (os.path.splitext(os.path.basename(args.train_file))[0] if args.train_file
+                              else args.dataset_name)
+    weights = model.layer_weights().tolist()
+    metrics = {
+        "task": task,
+        "model": args.model,
+        "train_loss": result.training_loss,
+        "layer_weights": weights,
+        "gamma": float(model.encoder.mix.gamma.detach()),
+    }
+    for split in ("validation", "test"):
+        if split in features:
+            prediction = trainer.predict(features[split], metric_key_prefix=split)
+            report = evaluation_report(*predicted_tags(prediction.predictions, prediction.label_ids, id2label))
+            report["loss"] = prediction.metrics[f"{split}_loss"]
+            log_report(split, report)
+            metrics[split] = report
+    logger.info("Layer weights (token layer first): %s, gamma %.4f", ", ".join(f"{w:.3f}" for w in weights),
+                metrics["gamma"])
+
+    write_json(os.path.join(args.output_dir, "labels.json"), {"id2label": {str(i): l for i, l in id2label.items()}})
+    write_json(os.path.join(args.output_dir, "metrics.json"), metrics)
+    plot = plot_layer_weights({task: weights}, os.path.join(args.output_dir, "layer_weights.png"))
+    logger.info("Saved the model, labels.json, metrics.json and %s to %s", os.path.basename(plot), args.output_dir)
+    return metrics
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (DataFileError, FileNotFoundError) as err:
+        sys.exit(f"error: {err}")
