@@ -1,0 +1,239 @@
+"""`hf-elmo`: convert bilm-tf ELMo files, embed text files, publish to the Hub, pretrain.
+
+    hf-elmo convert --options options.json --weights weights.hdf5 --output elmo
+    hf-elmo embed sentences.txt vectors.hdf5 --model elmo
+    hf-elmo publish elmo --repo-id you/elmo --dry-run
+    hf-elmo pretrain --help
+
+Run `hf-elmo COMMAND --help` for the options of each command.
+"""
+
+import argparse
+import logging
+import signal
+import sys
+
+
+logger = logging.getLogger("hf_elmo.cli")
+
+EMBED_DESCRIPTION = """\
+Embed every line of a text file (one sentence per line) with an ELMo model and write the vectors to HDF5.
+
+Output: dataset "i" holds line i+1 of the input (keys are 0-based line indices, as AllenNLP's elmo command
+wrote them), with shape
+  --all      (L+1, words, H): every layer; layer 0 is the token layer [x; x], layer l the l-th biLSTM
+             layer [forward; backward] (default)
+  --top      (words, H): the top layer
+  --average  (words, H): the mean of the L+1 layers
+where H = 2 * projection_dim. Each dataset has attributes line_number (1-based), text (the line), words
+(JSON list of the words, one per vector) and, for a line split into pieces, pieces (word offsets of the
+pieces). The file's attributes record the options, the model and the counts of empty and split lines.
+Read it with h5py: vectors = f["0"][...]; words = json.loads(f["0"].attrs["words"]).
+
+Lines with no words are stored as empty datasets (0 words) and logged with their line numbers. Lines of
+more than --max-words words are split into pieces embedded independently (context does not cross a piece
+boundary), stored one after the other in the line's dataset, and logged. The model is stateless: a line's
+vectors depend only on that line (equal to float32 rounding wherever it appears; bit for bit with
+--batch-size 1), and the same input and options give the same file. The output appears only when
+complete: it is written to a hidden .NAME.<pid>.partial file beside it and renamed at the end.
+"""
+
+PUBLISH_DESCRIPTION = """\
+Push a saved ELMo folder (from hf-elmo convert, save_pretrained or a Trainer) to the Hugging Face Hub.
+
+The uploaded folder is prepared in a temporary directory: the model re-saved as safetensors with its config,
+the tokenizer, the code files that let AutoModel/AutoTokenizer.from_pretrained(..., trust_remote_code=True)
+work without hf_elmo installed, bilm_tf_source.json and other code/json files of the folder, and a model
+card (README.md) generated from the folder's metadata. Training state, other weight formats and
+sub-folders are left out (listed with --dry-run). Log in first with `hf auth login` or set HF_TOKEN.
+"""
+
+PRETRAIN_HELP = "pretrain an ELMo biLM with Accelerate (options: hf-elmo pretrain --help)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .convert import add_convert_arguments
+    from .embed import LAYER_CHOICES
+
+    parser = argparse.ArgumentParser(
+        prog="hf-elmo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages too.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    convert = commands.add_parser(
+        "convert",
+        help="convert bilm-tf options.json + weights .hdf5 into a Hugging Face folder (or back)",
+        description="Convert allenai bilm-tf ELMo files (options.json + weights .hdf5, optional vocabulary) into "
+        "a folder that AutoModel/AutoTokenizer.from_pretrained load, with a model card recording the SHA-256 of "
+        "the source files. With --to-bilm-tf MODEL_DIR it goes the other way.",
+    )
+    add_convert_arguments(convert)
+    convert.set_defaults(run=lambda args: _run_convert(args, convert))
+
+    embed = commands.add_parser(
+        "embed",
+        help="embed a text file (one sentence per line) into an HDF5 file",
+        description=EMBED_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    embed.add_argument("input", metavar="INPUT", help="text file, UTF-8, one sentence per line.")
+    embed.add_argument("output", metavar="OUTPUT", help="HDF5 file to write.")
+    embed.add_argument("--model", required=True, metavar="DIR",
+                       help="ELMo folder (from hf-elmo convert or save_pretrained) or Hub repo id.")
+    which = embed.add_mutually_exclusive_group()
+    for choice, text in zip(
+        LAYER_CHOICES,
+        ("store every layer, (L+1, words, H) (default)", "store the top layer, (words, H)",
+         "store the mean of the layers, (words, H)"),
+    ):
+        which.add_argument(f"--{choice}", dest="layers", action="store_const", const=choice, help=text)
+    embed.set_defaults(layers="all")
+    embed.add_argument("--tokenized", action="store_true",
+                       help="lines are already tokenized: words are split on whitespace only. Without it, lines "
+                       "are raw text split into words by the model's tokenizer (punctuation and clitics apart).")
+    embed.add_argument("--float16", action="store_true",
+                       help="store float16 instead of float32 (half the file size; computation stays float32).")
+    embed.add_argument("--batch-size", type=_positive, default=32, metavar="N",
+                       help="sentences per forward pass (default: %(default)s).")
+    embed.add_argument("--window", type=_positive, default=2048, metavar="LINES",
+                       help="lines read at a time and sorted by length for batching; bounds memory "
+                       "(default: %(default)s). Does not change the vectors.")
+    embed.add_argument("--max-words", type=_positive, default=512, metavar="N",
+                       help="longer lines are split into pieces of at most N words (default: %(default)s).")
+    embed.add_argument("--device", default=None,
+                       help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available, else cpu).")
+    embed.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists.")
+    embed.add_argument("--no-progress", action="store_true", help="do not show a progress bar.")
+    embed.set_defaults(run=_run_embed)
+
+    publish = commands.add_parser(
+        "publish",
+        help="push a saved ELMo folder with its code and a model card to the Hugging Face Hub",
+        description=PUBLISH_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    publish.add_argument("model_dir", metavar="DIR", help="saved ELMo folder to publish.")
+    publish.add_argument("--repo-id", required=True, metavar="NAME",
+                         help="Hub repository, e.g. your-name/elmo-original (created if missing).")
+    publish.add_argument("--private", action="store_true", help="create the repository as private.")
+    publish.add_argument("--create-pr", action="store_true",
+                         help="open a pull request instead of committing to main.")
+    publish.add_argument("--dry-run", action="store_true",
+                         help="no network: prepare the exact folder that would be uploaded, print its path, its "
+                         "files and the model card's path, and keep it.")
+    publish.add_argument("--commit-message", default="Upload ELMo model with hf_elmo",
+                         help="commit message (default: %(default)r).")
+    publish.add_argument("--license", default=None,
+                         help="Hub licence id for the card, e.g. apache-2.0 (default: other, as the released "
+                         "ELMo weights state no licence).")
+    publish.add_argument("--card", default=None, metavar="README",
+                         help="publish this model card instead of generating one from the folder's metadata.")
+    publish.set_defaults(run=_run_publish)
+
+    # Its options belong to hf_elmo.pretraining: everything after the word is passed on untouched.
+    commands.add_parser("pretrain", help=PRETRAIN_HELP, add_help=False, prefix_chars="\0")
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _run_convert(args, parser) -> int:
+    from .convert import run_convert
+
+    return run_convert(args, parser)
+
+
+def _run_embed(args) -> int:
+    import torch
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from .embed import embed_file, load_model_and_tokenizer
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load_model_and_tokenizer(args.model, device)
+    with logging_redirect_tqdm():
+        summary = embed_file(
+            args.input, args.output, model, tokenizer, layers=args.layers, tokenized=args.tokenized,
+            float16=args.float16, batch_size=args.batch_size, window=args.window, max_words=args.max_words,
+            overwrite=args.overwrite, progress=not args.no_progress, model_name=args.model,
+        )
+    logger.info("Wrote %s: %d lines (%d without words, %d split), %d words, layers=%s, %s", summary.output_path,
+                summary.num_lines, summary.empty_lines, summary.split_lines, summary.num_words, args.layers,
+                "float16" if args.float16 else "float32")
+    return 0
+
+
+def _run_publish(args) -> int:
+    from .publish import publish
+
+    prepared, commit = publish(
+        args.model_dir, args.repo_id, private=args.private, create_pr=args.create_pr, dry_run=args.dry_run,
+        commit_message=args.commit_message, license=args.license, card_file=args.card,
+    )
+    if commit is None:
+        print(f"Dry run: nothing was uploaded. Prepared folder for {args.repo_id}: {prepared.path}")
+        for name in prepared.files:
+            print(f"  {name}")
+        if prepared.left_out:
+            print(f"Left out: {', '.join(prepared.left_out)}")
+        print(f"Model card: {prepared.card_path}")
+    else:
+        print(f"Published {len(prepared.files)} files to {args.repo_id}: {commit.pr_url or commit.commit_url}")
+    return 0
+
+
+def _run_pretrain(argv: list[str]) -> int:
+    try:
+        from .pretraining import main as pretrain_main
+    except ModuleNotFoundError as error:
+        if error.name != "hf_elmo.pretraining":
+            raise
+        print("error: pretraining is not available in this version of hf_elmo (no hf_elmo.pretraining).",
+              file=sys.stderr)
+        return 2
+    return pretrain_main(argv) or 0
+
+
+def _interrupt(signum, frame):
+    # Let `finally`/`except` blocks clean up (embed removes its partial output) on `kill` as on Ctrl-C.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "pretrain":
+        return _run_pretrain(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from .bilm_tf import BilmTfFormatError
+    from .embed import EmbedInputError
+    from .publish import PublishError
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return args.run(args)
+    except (BilmTfFormatError, EmbedInputError, PublishError, FileExistsError, HfHubHTTPError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; no partial output is left behind", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""Embed a text file with ELMo into HDF5 (`hf-elmo embed`): one dataset per input line.
+
+Output layout (`format_version` 1), for an input of N lines and a model with L biLSTM layers and hidden size
+H = 2 * projection_dim:
+
+- dataset `"i"` (i = 0 .. N-1) holds line i + 1 of the input (0-based index, as AllenNLP's `elmo` command keyed
+  its output), shape `(L + 1, words, H)` with `layers="all"` (layer 0 = token layer `[x; x]`, layer l =
+  `[forward_l; backward_l]`), or `(words, H)` with `"top"` (the top layer) and `"average"` (mean of the L + 1
+  layers). Its attributes: `line_number` (1-based), `text` (the line without its newline), `words` (JSON list of
+  the words embedded, one per vector) and, for a line split into pieces, `pieces` (word offsets where each piece
+  starts).
+- file attributes: `format_version`, `layers`, `dtype`, `num_lines`, `num_layers` (L + 1), `hidden_size`,
+  `tokenized`, `max_words`, `model`, `input`, `empty_lines`, `split_lines`.
+
+Rules:
+- A line with no words (blank, or only whitespace) is stored as an empty dataset (0 words), so that dataset `"i"`
+  is always line i + 1; each one is logged with its line number.
+- A line of more than `max_words` words is split into pieces of at most `max_words` words, each embedded as its
+  own sentence (its own `<S>` ... `</S>`, so context does not cross a piece boundary); the pieces' vectors are
+  stored one after the other, so the dataset still has one vector per word. Each split is logged.
+- The model is stateless: a line's vectors depend on that line only, not on its neighbours or position. Lines are
+  sorted by length within a window of `window` lines to batch similar lengths together; this changes which lines
+  share a batch, which can move float32 results by rounding (~1e-7), never more. A run is repeatable: the same
+  input and options give bit-identical output. `batch_size=1` makes every line's vectors bit-identical wherever
+  it appears.
+- The output is written to a hidden temporary file beside `output_path` and renamed into place only when complete:
+  an interrupted run leaves no output file (a killed one may leave its `.NAME.<pid>.partial`, which the next run
+  to the same output removes).
+"""
+
+import glob
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from itertools import islice
+
+import numpy as np
+import torch
+
+from .modeling_elmo import ElmoModel
+from .tokenization_elmo import ElmoTokenizer
+
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+LAYER_CHOICES = ("all", "top", "average")
+# How many line numbers a summary log lists before "...".
+_LISTED = 20
+
+
+class EmbedInputError(ValueError):
+    """The input text file cannot be embedded as asked (not found, not UTF-8, ...)."""
+
+
+@dataclass
+class EmbedSummary:
+    output_path: str
+    num_lines: int = 0
+    num_words: int = 0
+    empty_lines: int = 0
+    split_lines: int = 0
+    # The first few 1-based line numbers of each kind (memory stays bounded on any input).
+    empty_line_numbers: list[int] = field(default_factory=list)
+    split_line_numbers: list[int] = field(default_factory=list)
+
+    def note(self, kind: str, number: int) -> bool:
+        """Count a line of `kind` ("empty" or "split"); True while it is among the first ones, to be logged."""
+        setattr(self, f"{kind}_lines", getattr(self, f"{kind}_lines") + 1)
+        listed = getattr(self, f"{kind}_line_numbers")
+        if len(listed) < _LISTED:
+            listed.append(number)
+            return True
+        return False
+
+
+@dataclass
+class _Piece:
+    key: str  # dataset name
+    start: int  # offset of its first word in the line
+    words: list[str]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _partial_path(output_path: str) -> str:
+    folder, name = os.path.split(output_path)
+    return os.path.join(folder, f".{name}.{os.getpid()}.partial")
+
+
+def _remove_stale_partials(output_path: str) -> None:
+    """Temporary files of earlier runs to the same output whose process is gone (killed before it could clean up)."""
+    folder, name = os.path.split(output_path)
+    pattern = re.compile(rf"^\.{re.escape(name)}\.(\d+)\.partial$")
+    for path in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.*.partial")):
+        match = pattern.match(os.path.basename(path))
+        if match and int(match.group(1)) != os.getpid() and not _pid_alive(int(match.group(1))):
+            logger.info("Removing %s, left by an interrupted run", path)
+            os.remove(path)
+
+
+def count_lines(path: str) -> int:
+    """Lines in a file (a last line without a newline counts), for the progress bar."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def open_input(path: str):
+    """The input file opened for `read_lines`, with a clear error when it cannot be."""
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise EmbedInputError(f"{path}: input file not found.") from None
+    except IsADirectoryError:
+        raise EmbedInputError(f"{path}: is a directory, expected a text file (one sentence per line).") from None
+
+
+def read_lines(handle, path: str):
+    """(1-based line number, text without its line ending) of every line, decoded as UTF-8 line by line."""
+    for number, raw in enumerate(handle, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise EmbedInputError(
+                f"{path}, line {number}: not UTF-8 text (byte {error.start}: {raw[error.start:error.start + 4]!r})."
+            ) from None
+        if "\0" in text:
+            raise EmbedInputError(f"{path}, line {number}: contains a NUL character; expected plain text.")
+        yield number, text.rstrip("\r\n")
+
+
+def _lines(count: int) -> str:
+    return f"{count} line" + ("s" if count != 1 else "")
+
+
+def _line_numbers(numbers: list[int], count: int) -> str:
+    listed = ", ".join(str(n) for n in numbers) + (", ..." if count > len(numbers) else "")
+    return ("lines " if count != 1 else "line ") + listed
+
+
+def load_model_and_tokenizer(model_name_or_path: str, device: str) -> tuple[ElmoModel, ElmoTokenizer]:
+    """The biLM of any ELMo folder or Hub repo (a head checkpoint gives its biLM), and its tokenizer."""
+    model = ElmoModel.from_pretrained(model_name_or_path).to(device).eval()
+    try:
+        tokenizer = ElmoTokenizer.from_pretrained(model_name_or_path)
+    except (OSError, ValueError):
+        logger.info("%s has no tokenizer files; using the default ElmoTokenizer", model_name_or_path)
+        tokenizer = ElmoTokenizer(max_characters_per_token=model.config.max_characters_per_token)
+    return model, tokenizer
+
+
+def embed_file(
+    input_path: str,
+    output_path: str,
+    model: ElmoModel,
+    tokenizer: ElmoTokenizer,
+    layers: str = "all",
+    tokenized: bool = False,
+    float16: bool = False,
+    batch_size: int = 32,
+    window: int = 2048,
+    max_words: int = 512,
+    overwrite: bool = False,
+    progress: bool = True,
+    model_name: str | None = None,
+) -> EmbedSummary:
+    """
+    Embed every line of `input_path` (one sentence per line) into the HDF5 file `output_path`; see the module
+    docstring for the layout and the rules. `tokenized=True` splits lines on whitespace only; otherwise the
+    tokenizer splits raw text into words. Memory stays bounded by `window` lines whatever the input size.
+    """
+    import h5py
+    from tqdm.auto import tqdm
+
+    if layers not in LAYER_CHOICES:
+        raise ValueError(f"layers must be one of {LAYER_CHOICES}, got {layers!r}.")
+    for name, value in (("batch_size", batch_size), ("window", window), ("max_words", max_words)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    output_path = os.path.abspath(output_path)
+    if os.path.isdir(output_path):
+        raise FileExistsError(f"{output_path} is a directory; give a file name for the HDF5 output.")
+    if os.path.exists(output_path) and not overwrite:
+        raise FileExistsError(f"{output_path} already exists; pass overwrite=True (--overwrite) to replace it.")
+    handle = open_input(input_path)
+    total = count_lines(input_path) if os.path.isfile(input_path) else None
+    lines = read_lines(handle, input_path)
+    os.makedirs(os.path.dirname(output_path), exist_ok=True)
+    _remove_stale_partials(output_path)
+
+    config = model.config
+    dtype = np.float16 if float16 else np.float32
+    device = next(model.parameters()).device
+    summary = EmbedSummary(output_path=output_path)
+    partial = _partial_path(output_path)
+    try:
+        with handle, h5py.File(partial, "w") as out, tqdm(total=total, unit=" lines", disable=not progress) as bar:
+            while True:
+                chunk = list(islice(lines, window))
+                if not chunk:
+                    break
+                pieces = []
+                for number, text in chunk:
+                    words = text.split() if tokenized else tokenizer.tokenize(text)
+                    key = str(number - 1)
+                    dataset = out.create_dataset(key, shape=_dataset_shape(layers, config, len(words)), dtype=dtype)
+                    dataset.attrs["line_number"] = number
+                    dataset.attrs["text"] = text
+                    dataset.attrs["words"] = json.dumps(words, ensure_ascii=False)
+                    summary.num_words += len(words)
+                    if not words:
+                        if summary.note("empty", number):
+                            logger.warning("%s, line %d: no words; stored as the empty dataset %r", input_path,
+                                           number, key)
+                        continue
+                    starts = list(range(0, len(words), max_words))
+                    if len(starts) > 1:
+                        dataset.attrs["pieces"] = np.asarray(starts, dtype=np.int64)
+                        if summary.note("split", number):
+                            logger.warning(
+                                "%s, line %d: %d words, more than max_words=%d; embedded as %d independent "
+                                "pieces (context does not cross a piece boundary)",
+                                input_path, number, len(words), max_words, len(starts),
+                            )
+                    pieces += [_Piece(key, s, words[s : s + max_words]) for s in starts]
+                # Sort by length (stable, so the batching is a function of the input only) to limit padding.
+                pieces.sort(key=lambda p: len(p.words))
+                for first in range(0, len(pieces), batch_size):
+                    _embed_batch(model, tokenizer, pieces[first : first + batch_size], layers, out, dtype, device)
+                summary.num_lines += len(chunk)
+                bar.update(len(chunk))
+            out.attrs.update(
+                {
+                    "format_version": FORMAT_VERSION,
+                    "layers": layers,
+                    "dtype": np.dtype(dtype).name,
+                    "num_lines": summary.num_lines,
+                    "num_layers": config.num_lstm_layers + 1,
+                    "hidden_size": config.hidden_size,
+                    "tokenized": tokenized,
+                    "max_words": max_words,
+                    "model": model_name or str(getattr(config, "_name_or_path", "")),
+                    "input": os.path.abspath(input_path),
+                    "empty_lines": summary.empty_lines,
+                    "split_lines": summary.split_lines,
+                }
+            )
+        with open(partial, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, output_path)
+    except BaseException:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise
+    if summary.empty_lines:
+        logger.warning("%s without words, stored as empty datasets: %s", _lines(summary.empty_lines),
+                       _line_numbers(summary.empty_line_numbers, summary.empty_lines))
+    if summary.split_lines:
+        logger.warning("%s longer than max_words=%d split into pieces: %s", _lines(summary.split_lines), max_words,
+                       _line_numbers(summary.split_line_numbers, summary.split_lines))
+    return summary
+
+
+def _dataset_shape(layers: str, config, num_words: int) -> tuple[int, ...]:
+    if layers == "all":
+        return (config.num_lstm_layers + 1, num_words, config.hidden_size)
+    return (num_words, config.hidden_size)
+
+
+@torch.inference_mode()
+def _embed_batch(model, tokenizer, pieces: list[_Piece], layers: str, out, dtype, device) -> None:
+    batch = tokenizer([p.words for p in pieces], is_split_into_words=True, padding=True, return_tensors="pt")
+    output = model(
+        input_ids=batch["input_ids"].to(device),
+        attention_mask=batch["attention_mask"].to(device),
+        output_hidden_states=layers != "top",
+    )
+    if layers == "top":
+        vectors = output.last_hidden_state  # (batch, words, H)
+    else:
+        stacked = torch.stack(output.hidden_states, dim=1)  # (batch, L + 1, words, H)
+        vectors = stacked if layers == "all" else stacked.mean(dim=1)
+    vectors = vectors.float().cpu().numpy()
+    for row, piece in enumerate(pieces):
+        n, span = len(piece.words), slice(piece.start, piece.start + len(piece.words))
+        if layers == "all":
+            out[piece.key][:, span] = vectors[row, :, :n].astype(dtype)
+        else:
+            out[piece.key][span] = vectors[row, :n].astype(dtype)
+
+
+def read_embeddings(path: str, line: int) -> tuple[np.ndarray, list[str]]:
+    """The vectors and words of 1-based `line` of the input of an `hf-elmo embed` output file."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        dataset = f[str(line - 1)]
+        return dataset[...], json.loads(dataset.attrs["words"])

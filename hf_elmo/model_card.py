@@ -1,0 +1,215 @@
+"""Model cards for hf_elmo folders, rendered from metadata with huggingface_hub's `ModelCard` / `ModelCardData`.
+
+A card is built from what a folder knows about itself: its `ElmoConfig` (shape, architecture), the SHA-256 of the
+bilm-tf files it was converted from (`bilm_tf_source.json`, written by the converter) and how it was checked
+against bilm-tf. The same facts go into the YAML metadata (under `hf_elmo:`) and into the prose.
+"""
+
+from huggingface_hub import ModelCard, ModelCardData
+
+from .configuration_elmo import ElmoConfig
+
+
+# SHA-256 of bilm-tf's own test model (`lm_weights.hdf5` in allennlp 0.9.0's tests/fixtures/elmo), the model
+# for which bilm-tf's outputs exist and were compared against (tests/test_golden.py).
+BILM_TF_FIXTURE_WEIGHTS_SHA256 = "dfdfd3001b5965b4b6ef857ac772b6624984f8248eaae08fb9be6d1b51ad8755"
+
+# Max |diff| vs the outputs bilm-tf computed for its test model (tests/test_golden.py).
+GOLDEN_FIGURES = {
+    "token_layer": 7.2e-07,
+    "top_layer_batch_0_zero_state": 7.2e-07,
+    "top_layer_10_batches_state_carried": 7.2e-07,
+}
+
+# Pipeline tag by the suffix of the saved architecture; anything else (the biLM, a language-model head) gives
+# per-word vectors.
+_PIPELINE_TAGS = {
+    "ForTokenClassification": "token-classification",
+    "ForSequenceClassification": "text-classification",
+    "ForQuestionAnswering": "question-answering",
+}
+
+_CITATION = """@inproceedings{peters-etal-2018-deep,
+    title = "Deep Contextualized Word Representations",
+    author = "Peters, Matthew E. and Neumann, Mark and Iyyer, Mohit and Gardner, Matt and Clark, Christopher and
+              Lee, Kenton and Zettlemoyer, Luke",
+    booktitle = "Proceedings of NAACL-HLT 2018",
+    year = "2018",
+    pages = "2227--2237",
+}"""
+
+
+def shape_name(config: ElmoConfig) -> str:
+    """bilm-tf's name for a model shape, e.g. `2x4096_512_2048cnn_2xhighway`."""
+    highway = f"_{config.n_highway}xhighway" if config.n_highway else ""
+    return f"{config.num_lstm_layers}x{config.lstm_dim}_{config.projection_dim}_{config.n_filters}cnn{highway}"
+
+
+def architecture_of(config: ElmoConfig) -> str:
+    return (getattr(config, "architectures", None) or ["ElmoModel"])[0]
+
+
+def pipeline_tag_of(architecture: str) -> str:
+    for suffix, tag in _PIPELINE_TAGS.items():
+        if architecture.endswith(suffix):
+            return tag
+    return "feature-extraction"
+
+
+def is_bilm_tf_fixture(checksums: dict | None) -> bool:
+    return bool(checksums) and checksums.get("weights", {}).get("sha256") == BILM_TF_FIXTURE_WEIGHTS_SHA256
+
+
+def _verification_section(checksums: dict | None) -> tuple[str, dict]:
+    """Prose and metadata about how these weights were checked against bilm-tf."""
+    g = GOLDEN_FIGURES
+    table = (
+        "| check (bilm-tf's test model) | max abs diff vs bilm-tf |\n|---|---|\n"
+        f"| token layer, 458 words of `vocab_test.txt` | {g['token_layer']:.1e} |\n"
+        f"| top layer, batch 0, zero LSTM state | {g['top_layer_batch_0_zero_state']:.1e} |\n"
+        f"| top layer, all 10 batches, LSTM state carried | {g['top_layer_10_batches_state_carried']:.1e} |"
+    )
+    if is_bilm_tf_fixture(checksums):
+        text = (
+            "These are the weights of bilm-tf's own test model (allennlp 0.9.0 `tests/fixtures/elmo`), for which "
+            "bilm-tf's outputs are published. This model reproduces them:\n\n" + table
+        )
+        return text, {"compared_with_bilm_tf_outputs": True, "max_abs_diff": dict(g)}
+    if checksums:
+        text = (
+            "bilm-tf published no outputs for these weights, so they were not compared with bilm-tf directly. "
+            "What was verified: the converter checked every dataset of the weight file for presence, shape (from "
+            "the options file), float dtype and finite values, and wrote every tensor it read; the reverse export "
+            "(`hf-elmo convert --to-bilm-tf`) reproduces bilm-tf's file layout bit for bit. The implementation "
+            "itself matches bilm-tf on bilm-tf's own test model:\n\n" + table
+        )
+        return text, {"compared_with_bilm_tf_outputs": False, "implementation_max_abs_diff": dict(g)}
+    text = (
+        "This model was not converted from bilm-tf files. The implementation matches bilm-tf on bilm-tf's own "
+        "test model:\n\n" + table
+    )
+    return text, {"compared_with_bilm_tf_outputs": False, "implementation_max_abs_diff": dict(g)}
+
+
+def _usage(config: ElmoConfig, architecture: str, name: str, n_layers: int) -> str:
+    # The Auto class that loads this architecture, from the config's own auto_map.
+    auto_class = next(
+        (k for k, v in (config.auto_map or {}).items() if v == f"modeling_elmo.{architecture}"), "AutoModel"
+    )
+    if auto_class == "AutoModel":
+        call = f"""    output = model(**batch, output_hidden_states=True)
+layers = torch.stack(output.hidden_states)  # ({n_layers}, batch, words, {config.hidden_size})"""
+    else:
+        call = "    output = model(**batch)"
+    return f"""```python
+import torch
+from transformers import {auto_class}, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)
+model = {auto_class}.from_pretrained("{name}", trust_remote_code=True).eval()
+batch = tokenizer(["The bank raised rates .", "We sat on the river bank ."], padding=True, return_tensors="pt")
+with torch.no_grad():
+{call}
+```
+
+The tokenizer splits raw text into words (or takes `is_split_into_words=True`) and gives every word
+{config.max_characters_per_token} character ids: `input_ids` is `(batch, words, {config.max_characters_per_token})`.
+With hf_elmo installed, `hf-elmo embed sentences.txt vectors.hdf5 --model {name}` writes the vectors of every line
+of a text file to HDF5."""
+
+
+def elmo_model_card(
+    config: ElmoConfig,
+    checksums: dict[str, dict[str, str]] | None = None,
+    repo_id: str | None = None,
+    license: str | None = None,
+) -> ModelCard:
+    """
+    Card of any ELMo folder (base model or head). `checksums` maps role -> {"file", "sha256"} of the bilm-tf
+    source files of a converted model (the content of `bilm_tf_source.json`); `repo_id` goes into the usage
+    snippet; `license` is a Hub licence id (default `"other"`: the released ELMo weights state no licence).
+    """
+    architecture = architecture_of(config)
+    converted = bool(checksums)
+    pipeline_tag = pipeline_tag_of(architecture)
+    n_layers = config.num_lstm_layers + 1
+    verification, verification_meta = _verification_section(checksums)
+    tags = ["elmo", "bilm", "hf_elmo", "custom_code"] + (["bilm-tf"] if converted else [])
+    data = ModelCardData(
+        library_name="transformers",
+        pipeline_tag=pipeline_tag,
+        tags=tags,
+        license=license or "other",
+        hf_elmo={
+            "architecture": architecture,
+            "shape": shape_name(config),
+            "hidden_size": config.hidden_size,
+            "num_output_layers": n_layers,
+            "stateless": True,
+            "converted_from_bilm_tf": converted,
+            **({"source_sha256": {role: c["sha256"] for role, c in checksums.items()}} if converted else {}),
+            "verification": verification_meta,
+        },
+    )
+    name = repo_id or "PATH_OR_REPO_ID"
+    title = f"ELMo biLM `{shape_name(config)}`" + (" (converted from bilm-tf)" if converted else "")
+    if architecture != "ElmoModel":
+        title = f"{architecture} on the ELMo biLM `{shape_name(config)}`"
+
+    sections = [
+        f"# {title}",
+        "Deep contextualized word representations (Peters et al., 2018) as a Transformers model, made with "
+        "hf_elmo. The code is in this repository, so it loads with "
+        "`trust_remote_code=True` without installing anything beyond `transformers`.",
+    ]
+    if converted:
+        rows = "\n".join(f"| {role} | `{c['file']}` | `{c['sha256']}` |" for role, c in checksums.items())
+        sections += [
+            "## Source files",
+            "Converted by hf_elmo from these bilm-tf files:\n\n| role | file | SHA-256 |\n|---|---|---|\n" + rows,
+        ]
+    sections += [
+        "## Usage",
+        _usage(config, architecture, name, n_layers),
+        "## Outputs: the hidden-state layout",
+        f"""For `W` input words, `last_hidden_state` is `(batch, W, {config.hidden_size})`: the top biLSTM layer as
+`[forward; backward]`. With `output_hidden_states=True`, `hidden_states` holds {n_layers} tensors of that shape:
+layer 0 is the context-free token layer (char CNN) duplicated as `[x; x]`, layer l (1..{config.num_lstm_layers})
+is `[forward_l; backward_l]` of the l-th biLSTM layer. The model adds `<S>` and `</S>` itself, so output position
+i is input word i; padded positions are zero (`word_mask` says which positions hold words).""",
+        "## Using the layers for a task (scalar mix)",
+        f"""ELMo's recipe for a downstream task is a learned scalar mix of all {n_layers} layers:
+`gamma * sum_j softmax(w)_j * layer_j`, with one weight per layer (initialised to 0, so the mix starts as the
+average) and a scale `gamma` (initialised to 1), trained with the task; optionally each layer is layer-normalised
+over the unmasked words first. hf_elmo provides this as `ElmoScalarMix`; written out it is:
+
+```python
+weights = torch.nn.Parameter(torch.zeros({n_layers}))
+gamma = torch.nn.Parameter(torch.ones(()))
+mixed = gamma * (torch.softmax(weights, 0)[:, None, None, None] * layers).sum(0)  # (batch, words, {config.hidden_size})
+```""",
+        "## Stateless by default",
+        """Every sentence starts from a zero LSTM state, so its vectors depend only on the sentence: never on the
+other sentences of the batch, on padding, or on what was embedded before. bilm-tf (and AllenNLP's `Elmo`) were
+stateful: each batch row's final LSTM state became the initial state of that row in the next batch. To reproduce
+that, pass the state explicitly: `out = model(**batch, lstm_state=previous.lstm_state)` (request it on the first
+batch with `return_lstm_state=True`).""",
+        "## Fidelity to bilm-tf",
+        verification,
+        "## License",
+        (
+            f"This model is published under `{license}`. "
+            if license and license != "other"
+            else "The released ELMo weights carry no licence statement that we found, and none is assumed here. "
+        )
+        + "bilm-tf's code is Apache-2.0; hf_elmo is Apache-2.0. Check the terms of the source weights before "
+        "redistributing.",
+        "## Citation",
+        f"```bibtex\n{_CITATION}\n```",
+    ]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n")
+
+
+def converted_model_card(config: ElmoConfig, checksums: dict[str, dict[str, str]]) -> ModelCard:
+    """Card of a model converted from bilm-tf files; `checksums` maps role -> {"file", "sha256"}."""
+    return elmo_model_card(config, checksums=checksums)

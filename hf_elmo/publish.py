@@ -1,0 +1,182 @@
+"""Publish a saved ELMo folder to the Hugging Face Hub (`hf-elmo publish`).
+
+The folder that is uploaded is prepared first, in a temporary directory, and is exactly what the Hub receives:
+the model re-saved with `save_pretrained` (safetensors weights, config with the full `auto_map`, and the code files
+`configuration_elmo.py`, `modeling_elmo.py`, `tokenization_elmo.py` so that it loads with
+`trust_remote_code=True` where hf_elmo is not installed), the tokenizer, the converter's `bilm_tf_source.json`
+when present, any other code or json file of the folder, and a model card generated from the folder's metadata.
+Re-saving also proves that the folder loads before anything is sent. Training state (optimizer, scheduler, RNG,
+Trainer state), weight files in other formats and sub-folders (checkpoints) are left out, and said so.
+
+Network calls go through `huggingface_hub.HfApi`: `create_repo` (exist_ok) then one `create_commit` holding every
+file, optionally as a pull request.
+"""
+
+import fnmatch
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, constants, get_token
+from huggingface_hub.errors import OfflineModeIsEnabled
+
+from . import modeling_elmo
+from .configuration_elmo import ElmoConfig
+from .model_card import elmo_model_card
+from .tokenization_elmo import ElmoTokenizer
+
+
+logger = logging.getLogger(__name__)
+
+SOURCE_FILE = "bilm_tf_source.json"
+# Never published: Trainer/Accelerate state and weights in formats other than the re-saved safetensors.
+LEFT_OUT = (
+    "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth", "training_args.bin", "trainer_state.json",
+    "*.bin", "*.safetensors", "*.safetensors.index.json", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.hdf5", "*.msgpack",
+)
+# Extra top-level files of the folder that are carried over (code and metadata), besides what save_pretrained writes.
+CARRIED = ("*.py", "*.json", "*.txt")
+
+
+class PublishError(RuntimeError):
+    """The folder cannot be published as asked (not an ELMo folder, offline, not logged in, ...)."""
+
+
+@dataclass
+class PreparedFolder:
+    path: str
+    files: list[str]  # relative paths, sorted
+    left_out: list[str]
+    card_path: str
+
+
+def _load(model_dir: str):
+    config_file = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(config_file):
+        raise PublishError(
+            f"{model_dir}: no config.json; expected a folder written by save_pretrained or hf-elmo convert."
+        )
+    with open(config_file, encoding="utf-8") as f:
+        model_type = json.load(f).get("model_type")
+    if model_type != ElmoConfig.model_type:
+        raise PublishError(f"{config_file}: model_type is {model_type!r}, expected 'elmo'.")
+    config = ElmoConfig.from_pretrained(model_dir)
+    architecture = (config.architectures or ["ElmoModel"])[0]
+    model_class = getattr(modeling_elmo, architecture, None)
+    if model_class is None:
+        raise PublishError(
+            f"{config_file}: architecture {architecture!r} is not a class of this hf_elmo version "
+            f"(hf_elmo.modeling_elmo has no {architecture})."
+        )
+    model = model_class.from_pretrained(model_dir)
+    if os.path.isfile(os.path.join(model_dir, "tokenizer_config.json")):
+        tokenizer = ElmoTokenizer.from_pretrained(model_dir)
+    else:
+        logger.info("%s has no tokenizer files; publishing the default ElmoTokenizer", model_dir)
+        tokenizer = ElmoTokenizer(max_characters_per_token=config.max_characters_per_token)
+    return config, model, tokenizer
+
+
+def prepare_folder(
+    model_dir: str,
+    staging: str,
+    repo_id: str | None = None,
+    license: str | None = None,
+    card_file: str | None = None,
+) -> PreparedFolder:
+    """Write into the empty folder `staging` exactly what `publish` uploads (see the module docstring)."""
+    if not os.path.isdir(model_dir):
+        raise PublishError(f"{model_dir}: not a folder.")
+    config, model, tokenizer = _load(model_dir)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+
+    left_out = []
+    for name in sorted(os.listdir(model_dir)):
+        source = os.path.join(model_dir, name)
+        if name == "README.md" or os.path.exists(os.path.join(staging, name)):
+            continue
+        if name.startswith(".") or not os.path.isfile(source) or any(fnmatch.fnmatch(name, p) for p in LEFT_OUT):
+            left_out.append(name)
+        elif any(fnmatch.fnmatch(name, p) for p in CARRIED):
+            shutil.copy2(source, os.path.join(staging, name))
+        else:
+            left_out.append(name)
+    if left_out:
+        logger.info("Not published from %s: %s", model_dir, ", ".join(left_out))
+
+    card_path = os.path.join(staging, "README.md")
+    if card_file is not None:
+        try:
+            card = ModelCard.load(card_file)
+        except (OSError, ValueError) as error:
+            raise PublishError(f"{card_file}: not a usable model card ({error}).") from None
+    else:
+        readme = os.path.join(model_dir, "README.md")
+        if os.path.isfile(readme) and "hf_elmo" not in (ModelCard.load(readme).data.tags or []):
+            # Not a card hf_elmo generated: the user may have written it.
+            logger.warning("%s is replaced by a card generated from the folder's metadata; pass --card %s to "
+                           "publish it instead", readme, readme)
+        checksums = None
+        source_file = os.path.join(model_dir, SOURCE_FILE)
+        if os.path.isfile(source_file):
+            with open(source_file, encoding="utf-8") as f:
+                checksums = json.load(f)
+        card = elmo_model_card(config, checksums=checksums, repo_id=repo_id, license=license)
+    card.save(card_path)
+
+    files = sorted(
+        os.path.relpath(os.path.join(root, name), staging) for root, _, names in os.walk(staging) for name in names
+    )
+    return PreparedFolder(path=staging, files=files, left_out=left_out, card_path=card_path)
+
+
+def publish(
+    model_dir: str,
+    repo_id: str,
+    private: bool = False,
+    create_pr: bool = False,
+    dry_run: bool = False,
+    commit_message: str = "Upload ELMo model with hf_elmo",
+    license: str | None = None,
+    card_file: str | None = None,
+):
+    """
+    Prepare `model_dir` for the Hub and push it to `repo_id` in one commit (a pull request with `create_pr`).
+    Returns `(PreparedFolder, CommitInfo)`; with `dry_run`, nothing touches the network, the prepared folder is
+    kept and the CommitInfo is None.
+    """
+    if not dry_run:
+        # Checked before the (possibly long) preparation, so that the user hears at once.
+        if constants.is_offline_mode():
+            raise PublishError(
+                "HF_HUB_OFFLINE=1 is set, so nothing can be pushed to the Hub. Unset it to publish, or pass "
+                "--dry-run to prepare the folder without network."
+            )
+        if get_token() is None:
+            raise PublishError("Not logged in to the Hugging Face Hub: run `hf auth login` or set HF_TOKEN.")
+    staging = tempfile.mkdtemp(prefix="hf-elmo-publish-")
+    try:
+        prepared = prepare_folder(model_dir, staging, repo_id=repo_id, license=license, card_file=card_file)
+        if dry_run:
+            return prepared, None
+        api = HfApi()
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+            operations = [
+                CommitOperationAdd(path_in_repo=name, path_or_fileobj=os.path.join(staging, name))
+                for name in prepared.files
+            ]
+            commit = api.create_commit(
+                repo_id, operations, commit_message=commit_message, create_pr=create_pr, repo_type="model"
+            )
+        except OfflineModeIsEnabled as error:
+            raise PublishError(f"Offline mode is enabled (HF_HUB_OFFLINE): {error}") from None
+        shutil.rmtree(staging, ignore_errors=True)
+        return prepared, commit
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

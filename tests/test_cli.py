@@ -1,0 +1,306 @@
+"""`hf-elmo` command line: help texts, convert, embed (values, layouts, bad lines, interruption), pretrain."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from hf_elmo import ElmoModel, ElmoTokenizer
+from hf_elmo.cli import build_parser, main
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOLERANCE = 1e-5
+
+
+# ---------------------------------------------------------------------------------------------- help
+def subcommand_parsers():
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if a.dest == "command"]
+    return commands.choices
+
+
+@pytest.mark.parametrize("command", ["convert", "embed", "publish"])
+def test_help_of_every_subcommand_mentions_every_option(command, capsys):
+    options = [s for a in subcommand_parsers()[command]._actions for s in a.option_strings]
+    assert len(options) >= 7
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    missing = [option for option in options if option not in text]
+    assert missing == []
+
+
+def test_top_level_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    for command in ("convert", "embed", "publish", "pretrain"):
+        assert f"    {command} " in text
+
+
+# ---------------------------------------------------------------------------------------------- pretrain
+def test_pretrain_passes_every_argument_through(monkeypatch):
+    received = []
+    stub = type(sys)("hf_elmo.pretraining")
+    stub.main = lambda argv: received.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "hf_elmo.pretraining", stub)
+    assert main(["pretrain", "--help", "--train-file", "a b.txt", "-v"]) == 0
+    assert received == [["--help", "--train-file", "a b.txt", "-v"]]
+
+
+def test_pretrain_without_the_module_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "hf_elmo.pretraining", None)  # import fails as if the file were absent
+    assert main(["pretrain", "--epochs", "1"]) == 2
+    assert "pretraining is not available in this version of hf_elmo" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- convert
+def test_convert_command_writes_a_loadable_folder_and_exports_back(elmo_fixture, tmp_path):
+    out = tmp_path / "elmo"
+    assert main(["convert", "--options", str(elmo_fixture / "options.json"), "--weights",
+                 str(elmo_fixture / "lm_weights.hdf5"), "--output", str(out), "--no-progress"]) == 0
+    assert {"config.json", "model.safetensors", "tokenizer_config.json", "README.md",
+            "bilm_tf_source.json"} <= set(os.listdir(out))
+    assert main(["convert", "--to-bilm-tf", str(out), "--output", str(tmp_path / "back")]) == 0
+    with h5py.File(elmo_fixture / "lm_weights.hdf5") as original, h5py.File(tmp_path / "back" / "weights.hdf5") as back:
+        assert np.array_equal(original["CNN_high_1/W_carry"][...], back["CNN_high_1/W_carry"][...])
+
+
+def test_convert_command_errors(elmo_fixture, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["convert", "--weights", str(elmo_fixture / "lm_weights.hdf5"), "--output", str(tmp_path / "x")])
+    assert exit_info.value.code == 2
+    assert "--options and --weights are required" in capsys.readouterr().err
+    assert main(["convert", "--options", str(tmp_path / "nope.json"), "--weights",
+                 str(elmo_fixture / "lm_weights.hdf5"), "--output", str(tmp_path / "x")]) == 2
+    assert "nope.json: options file not found." in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+# ---------------------------------------------------------------------------------------------- embed
+@pytest.fixture(scope="module")
+def sentences(elmo_fixture):
+    """bilm-tf's fixture sentences (tokenized, 30 lines)."""
+    with open(elmo_fixture / "sentences.json", encoding="utf-8") as f:
+        return [s for group in json.load(f) for s in group]
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(converted_dir):
+    return ElmoModel.from_pretrained(converted_dir).eval(), ElmoTokenizer.from_pretrained(converted_dir)
+
+
+def direct(model_and_tokenizer, words):
+    """All layers of `words` embedded alone, the way a user would call the model: (L+1, words, H)."""
+    model, tokenizer = model_and_tokenizer
+    with torch.no_grad():
+        output = model(**tokenizer([words], is_split_into_words=True, return_tensors="pt"), output_hidden_states=True)
+    return torch.stack(output.hidden_states)[:, 0].numpy()
+
+
+def embed(tmp_path, lines, *options, name="out.hdf5", model=None):
+    source = tmp_path / f"{name}.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    output = tmp_path / name
+    rc = main(["embed", str(source), str(output), "--model", str(model), "--no-progress", *options])
+    return rc, output
+
+
+@pytest.fixture(scope="module")
+def corpus(sentences):
+    """The fixture sentences with two lines without words after line 3 and one 744-word line at the end."""
+    return sentences[:3] + ["", "  \t "] + sentences[3:] + [" ".join(sentences)]
+
+
+@pytest.fixture(scope="module")
+def embedded_all(corpus, converted_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("embed")
+    rc, output = embed(tmp, corpus, "--tokenized", "--max-words", "100", "--batch-size", "4", "--window", "7",
+                       model=converted_dir)
+    assert rc == 0
+    return output
+
+
+def test_embed_all_layers_equal_the_model_called_directly(embedded_all, corpus, model_and_tokenizer, caplog):
+    with h5py.File(embedded_all) as f:
+        assert sorted(f.keys(), key=int) == [str(i) for i in range(len(corpus))]
+        assert dict(f.attrs) == {
+            "format_version": 1, "layers": "all", "dtype": "float32", "num_lines": 33, "num_layers": 3,
+            "hidden_size": 32, "tokenized": True, "max_words": 100, "model": f.attrs["model"],
+            "input": f.attrs["input"], "empty_lines": 2, "split_lines": 1,
+        }
+        for index, line in enumerate(corpus[:-1]):
+            dataset = f[str(index)]
+            words = line.split()
+            assert dataset.attrs["line_number"] == index + 1 and dataset.attrs["text"] == line
+            assert json.loads(dataset.attrs["words"]) == words
+            assert dataset.dtype == np.float32 and dataset.shape == (3, len(words), 32)
+            if words:
+                assert np.abs(dataset[...] - direct(model_and_tokenizer, words)).max() <= TOLERANCE
+
+
+def test_embed_splits_an_overlong_line_into_independent_pieces(embedded_all, corpus, model_and_tokenizer):
+    words = corpus[-1].split()
+    assert len(words) == 744
+    with h5py.File(embedded_all) as f:
+        dataset = f["32"]
+        assert dataset.shape == (3, 744, 32)
+        assert dataset.attrs["pieces"].tolist() == [0, 100, 200, 300, 400, 500, 600, 700]
+        expected = np.concatenate([direct(model_and_tokenizer, words[s : s + 100]) for s in range(0, 744, 100)], axis=1)
+        assert np.abs(dataset[...] - expected).max() <= TOLERANCE
+        # ... which differs from reading the line as one sentence past the first piece.
+        whole = direct(model_and_tokenizer, words)
+        assert np.abs(dataset[2, 100:] - whole[2, 100:]).max() > 0.01
+
+
+def test_embed_reports_lines_without_words_and_split_lines(corpus, converted_dir, tmp_path, caplog):
+    caplog.set_level("WARNING", logger="hf_elmo.embed")
+    rc, output = embed(tmp_path, corpus, "--tokenized", "--max-words", "100", "--top", model=converted_dir)
+    assert rc == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert f"{tmp_path / 'out.hdf5.txt'}, line 4: no words; stored as the empty dataset '3'" in messages
+    assert f"{tmp_path / 'out.hdf5.txt'}, line 5: no words; stored as the empty dataset '4'" in messages
+    assert "2 lines without words, stored as empty datasets: lines 4, 5" in messages
+    assert "1 line longer than max_words=100 split into pieces: line 33" in messages
+    assert any(m.endswith("line 33: 744 words, more than max_words=100; embedded as 8 independent pieces "
+                          "(context does not cross a piece boundary)") for m in messages)
+    with h5py.File(output) as f:
+        assert f["3"].shape == (0, 32) and f["4"].shape == (0, 32) and f["4"].attrs["text"] == "  \t "
+
+
+def test_embed_top_average_and_float16(embedded_all, corpus, converted_dir, tmp_path):
+    options = ["--tokenized", "--max-words", "100", "--batch-size", "4", "--window", "7"]
+    assert embed(tmp_path, corpus, *options, "--top", "--float16", name="top16", model=converted_dir)[0] == 0
+    assert embed(tmp_path, corpus, *options, "--average", name="average", model=converted_dir)[0] == 0
+    with h5py.File(embedded_all) as all_layers, h5py.File(tmp_path / "top16") as top, \
+            h5py.File(tmp_path / "average") as average:
+        assert top.attrs["dtype"] == "float16" and top.attrs["layers"] == "top" and average.attrs["layers"] == "average"
+        assert top["3"].shape == average["3"].shape == (0, 32)
+        for key in ("0", "17", "32"):
+            layers = all_layers[key][...]
+            assert top[key].dtype == np.float16 and top[key].shape == layers.shape[1:]
+            # Same batches, same arithmetic: the top layer is bit for bit the last of all layers, cast to float16.
+            assert np.array_equal(top[key][...], layers[-1].astype(np.float16))
+            assert average[key].dtype == np.float32 and average[key].shape == layers.shape[1:]
+            assert np.abs(average[key][...] - layers.mean(axis=0)).max() <= 1e-6
+    assert os.path.getsize(tmp_path / "top16") < os.path.getsize(embedded_all) / 4
+
+
+def test_embed_vectors_do_not_depend_on_window_batch_or_position(sentences, converted_dir, model_and_tokenizer,
+                                                                 tmp_path):
+    lines = sentences[:12] + [sentences[5]] + sentences[12:20] + [sentences[5]]
+    assert embed(tmp_path, lines, "--tokenized", "--batch-size", "1", "--window", "1", name="one",
+                 model=converted_dir)[0] == 0
+    assert embed(tmp_path, lines, "--tokenized", "--batch-size", "16", "--window", "1000", name="many",
+                 model=converted_dir)[0] == 0
+    assert embed(tmp_path, lines, "--tokenized", "--batch-size", "16", "--window", "1000", name="again",
+                 model=converted_dir)[0] == 0
+    alone = direct(model_and_tokenizer, sentences[5].split())
+    with h5py.File(tmp_path / "one") as one, h5py.File(tmp_path / "many") as many, \
+            h5py.File(tmp_path / "again") as again:
+        # One sentence per forward pass is the very computation of the model called on it alone.
+        for key in ("5", "12", "21"):
+            assert np.array_equal(one[key][...], alone)
+        for key in one:
+            assert np.abs(one[key][...] - many[key][...]).max() <= TOLERANCE
+            assert np.array_equal(many[key][...], again[key][...])  # a run is repeatable bit for bit
+        assert np.abs(many["12"][...] - many["21"][...]).max() <= TOLERANCE
+
+
+def test_embed_raw_text_uses_the_tokenizer_words(converted_dir, model_and_tokenizer, tmp_path):
+    lines = ["I don't know... it's $3.50 in the U.S.", "Deep contextualized word representations, naïvely."]
+    assert embed(tmp_path, lines, model=converted_dir)[0] == 0
+    tokenizer = model_and_tokenizer[1]
+    with h5py.File(tmp_path / "out.hdf5") as f:
+        assert f.attrs["tokenized"] == False  # noqa: E712 (numpy bool)
+        words = json.loads(f["0"].attrs["words"])
+        assert words == ["I", "do", "n't", "know", "...", "it", "'s", "$", "3.50", "in", "the", "U.S."]
+        for index, line in enumerate(lines):
+            assert json.loads(f[str(index)].attrs["words"]) == tokenizer.tokenize(line)
+            assert np.abs(f[str(index)][...] - direct(model_and_tokenizer, tokenizer.tokenize(line))).max() <= TOLERANCE
+
+
+def test_embed_bad_input_is_a_clear_error_and_writes_nothing(sentences, converted_dir, tmp_path, capsys):
+    source = tmp_path / "bad.txt"
+    source.write_bytes(("\n".join(sentences[:9]) + "\n").encode() + b"caf\xe9 au lait\n")
+    output = tmp_path / "bad.hdf5"
+    assert main(["embed", str(source), str(output), "--model", str(converted_dir), "--window", "4",
+                 "--no-progress"]) == 2
+    assert f"{source}, line 10: not UTF-8 text (byte 3: b'\\xe9 au')." in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["bad.txt"]  # neither the output nor a partial file
+
+    assert main(["embed", str(tmp_path / "missing.txt"), str(output), "--model", str(converted_dir)]) == 2
+    assert "missing.txt: input file not found." in capsys.readouterr().err
+
+    output.write_bytes(b"keep me")
+    assert main(["embed", str(source), str(output), "--model", str(converted_dir)]) == 2
+    assert "already exists; pass overwrite=True (--overwrite)" in capsys.readouterr().err
+    assert output.read_bytes() == b"keep me"
+
+    with pytest.raises(SystemExit):
+        main(["embed", str(source), str(output), "--model", str(converted_dir), "--batch-size", "0"])
+    assert "--batch-size: expected a positive integer, got 0" in capsys.readouterr().err
+
+
+def start_embed(source, output, converted_dir):
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    return subprocess.Popen(
+        [sys.executable, "-m", "hf_elmo.cli", "embed", str(source), str(output), "--model", str(converted_dir),
+         "--tokenized", "--batch-size", "4", "--window", "64", "--no-progress"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+    )
+
+
+def wait_for_partial(process, folder, min_bytes=1 << 18, timeout=60):
+    """The partial output file once it holds `min_bytes` (some batches written), with the process still running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stderr.read().decode()[-3000:]
+        partials = [p for p in folder.iterdir() if p.name.endswith(".partial")]
+        if partials and partials[0].stat().st_size >= min_bytes:
+            return partials[0]
+        time.sleep(0.02)
+    raise AssertionError("no partial output appeared")
+
+
+@pytest.fixture(scope="module")
+def big_input(sentences, tmp_path_factory):
+    """3000 lines (~31 MB of float32 output): long enough to be interrupted half-way."""
+    path = tmp_path_factory.mktemp("big") / "big.txt"
+    path.write_text("\n".join(sentences * 100) + "\n", encoding="utf-8")
+    return path
+
+
+def test_embed_killed_mid_way_leaves_no_output(big_input, sentences, converted_dir, tmp_path):
+    output = tmp_path / "vectors.hdf5"
+    process = start_embed(big_input, output, converted_dir)
+    partial = wait_for_partial(process, tmp_path)
+    assert partial.name == f".vectors.hdf5.{process.pid}.partial"
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    assert not output.exists() and partial.exists()
+    # The next run to the same output removes the dead run's partial file and leaves a complete file.
+    rc, written = embed(tmp_path, sentences[:3], "--tokenized", name="vectors.hdf5", model=converted_dir)
+    assert rc == 0 and written == output
+    assert not partial.exists()
+    with h5py.File(output) as f:
+        assert f.attrs["num_lines"] == 3 and sorted(f.keys()) == ["0", "1", "2"]
+
+
+def test_embed_terminated_cleans_up(big_input, converted_dir, tmp_path):
+    output = tmp_path / "vectors.hdf5"
+    process = start_embed(big_input, output, converted_dir)
+    wait_for_partial(process, tmp_path)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 130
+    assert "interrupted; no partial output is left behind" in process.stderr.read().decode()
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,235 @@
+"""Model cards and `hf-elmo publish`: offline, with the Hub's network calls replaced at the HfApi boundary."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, ModelCard, RepoUrl, constants
+from safetensors.torch import load_file
+
+from hf_elmo import ElmoConfig, ElmoForTokenClassification, ElmoModel, ElmoTokenizer
+from hf_elmo.cli import main
+from hf_elmo.model_card import BILM_TF_FIXTURE_WEIGHTS_SHA256, converted_model_card, elmo_model_card
+from hf_elmo.publish import PublishError, publish
+
+from remote_code import run_without_hf_elmo
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What `publish` uploads for a converted folder: re-saved model and tokenizer, the code for trust_remote_code,
+# the converter's record of its sources, and the generated card.
+PUBLISHED_FILES = [
+    "README.md", "bilm_tf_source.json", "config.json", "configuration_elmo.py", "model.safetensors",
+    "modeling_elmo.py", "pipeline_elmo.py", "tokenization_elmo.py", "tokenizer_config.json", "vocab.txt",
+]
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- cards
+def test_converted_fixture_card_metadata_and_figures(converted_dir, elmo_fixture):
+    card = ModelCard.load(converted_dir / "README.md")  # written by the converter
+    meta = card.data.to_dict()
+    assert sha256(elmo_fixture / "lm_weights.hdf5") == BILM_TF_FIXTURE_WEIGHTS_SHA256
+    assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "feature-extraction"
+    assert meta["license"] == "other"
+    assert meta["tags"] == ["elmo", "bilm", "hf_elmo", "custom_code", "bilm-tf"]
+    assert meta["hf_elmo"] == {
+        "architecture": "ElmoModel",
+        "shape": "2x64_16_124cnn_2xhighway",
+        "hidden_size": 32,
+        "num_output_layers": 3,
+        "stateless": True,
+        "converted_from_bilm_tf": True,
+        "source_sha256": {
+            "options": sha256(elmo_fixture / "options.json"),
+            "weights": BILM_TF_FIXTURE_WEIGHTS_SHA256,
+            "vocab": sha256(elmo_fixture / "vocab_test.txt"),
+        },
+        "verification": {
+            "compared_with_bilm_tf_outputs": True,
+            "max_abs_diff": {"token_layer": 7.2e-07, "top_layer_batch_0_zero_state": 7.2e-07,
+                             "top_layer_10_batches_state_carried": 7.2e-07},
+        },
+    }
+    text = card.text
+    assert "| top layer, all 10 batches, LSTM state carried | 7.2e-07 |" in text
+    assert f"| weights | `lm_weights.hdf5` | `{BILM_TF_FIXTURE_WEIGHTS_SHA256}` |" in text
+    assert "layer 0 is the context-free token layer (char CNN) duplicated as `[x; x]`" in text
+    assert "`ElmoScalarMix`" in text and "gamma * sum_j softmax(w)_j * layer_j" in text
+    assert "lstm_state=previous.lstm_state" in text
+    assert 'AutoModel.from_pretrained("PATH_OR_REPO_ID", trust_remote_code=True)' in text
+
+
+def test_card_of_other_converted_weights_says_what_was_verified(converted_dir):
+    config = ElmoConfig.from_pretrained(converted_dir)
+    checksums = {"options": {"file": "options.json", "sha256": "a" * 64},
+                 "weights": {"file": "weights.hdf5", "sha256": "b" * 64}}
+    card = converted_model_card(config, checksums)
+    assert card.data.hf_elmo["verification"]["compared_with_bilm_tf_outputs"] is False
+    assert card.data.hf_elmo["source_sha256"] == {"options": "a" * 64, "weights": "b" * 64}
+    assert "bilm-tf published no outputs for these weights, so they were not compared with bilm-tf" in card.text
+    assert "reproduces bilm-tf's file layout bit for bit" in card.text
+
+
+def test_card_of_a_head_names_its_task_and_auto_class(converted_dir):
+    config = ElmoConfig.from_pretrained(converted_dir, architectures=["ElmoForTokenClassification"])
+    card = elmo_model_card(config, repo_id="someone/elmo-ner", license="apache-2.0")
+    assert card.data.pipeline_tag == "token-classification" and card.data.license == "apache-2.0"
+    assert "bilm-tf" not in card.data.tags and "source_sha256" not in card.data.hf_elmo
+    assert 'AutoModelForTokenClassification.from_pretrained("someone/elmo-ner", trust_remote_code=True)' in card.text
+    assert "This model was not converted from bilm-tf files." in card.text
+    assert "This model is published under `apache-2.0`." in card.text
+
+
+# ---------------------------------------------------------------------------------------------- publish
+@pytest.fixture
+def hub(monkeypatch):
+    """Publishing allowed (offline mode off, a token set); HfApi's network calls are replaced and recorded."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    calls = []
+
+    def create_repo(self, repo_id, **kwargs):
+        calls.append(("create_repo", repo_id, kwargs))
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        # The files must exist while the commit is being made: read them now.
+        uploaded = {}
+        for operation in operations:
+            assert isinstance(operation, CommitOperationAdd)
+            with open(operation.path_or_fileobj, "rb") as f:
+                uploaded[operation.path_in_repo] = f.read()
+        calls.append(("create_commit", repo_id, kwargs, uploaded))
+        pr_url = f"https://huggingface.co/{repo_id}/discussions/1" if kwargs.get("create_pr") else None
+        return CommitInfo(commit_url=f"https://huggingface.co/{repo_id}/commit/{'0' * 40}",
+                          commit_message=kwargs["commit_message"], commit_description="", oid="0" * 40, pr_url=pr_url)
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    return calls
+
+
+def test_publish_uploads_exactly_the_prepared_folder(converted_dir, hub, tmp_path, capsys):
+    assert main(["publish", str(converted_dir), "--repo-id", "someone/elmo-fixture", "--private", "--create-pr"]) == 0
+    assert [call[0] for call in hub] == ["create_repo", "create_commit"]
+    _, repo_id, repo_kwargs = hub[0]
+    assert repo_id == "someone/elmo-fixture"
+    assert repo_kwargs == {"private": True, "exist_ok": True, "repo_type": "model"}
+    _, repo_id, commit_kwargs, uploaded = hub[1]
+    assert repo_id == "someone/elmo-fixture"
+    assert commit_kwargs == {"commit_message": "Upload ELMo model with hf_elmo", "create_pr": True,
+                             "repo_type": "model"}
+    assert sorted(uploaded) == PUBLISHED_FILES
+    assert "Published 10 files to someone/elmo-fixture: https://huggingface.co/someone/elmo-fixture/discussions/1" \
+        in capsys.readouterr().out
+
+    (tmp_path / "up").mkdir()
+    for name, content in uploaded.items():
+        (tmp_path / "up" / name).write_bytes(content)
+    # Real files: the same weights, the same code, the converter's record, a card made for this repo.
+    original = load_file(converted_dir / "model.safetensors")
+    published = load_file(tmp_path / "up" / "model.safetensors")
+    assert original.keys() == published.keys() and all(torch.equal(original[k], published[k]) for k in original)
+    for name in ("modeling_elmo.py", "bilm_tf_source.json", "vocab.txt"):
+        assert uploaded[name] == (converted_dir / name).read_bytes()
+    config = json.loads(uploaded["config.json"])
+    assert config["auto_map"]["AutoModel"] == "modeling_elmo.ElmoModel"
+    card = ModelCard.load(tmp_path / "up" / "README.md")
+    assert card.data.library_name == "transformers" and card.data.hf_elmo["converted_from_bilm_tf"] is True
+    assert 'AutoTokenizer.from_pretrained("someone/elmo-fixture", trust_remote_code=True)' in card.text
+    assert ElmoTokenizer.from_pretrained(tmp_path / "up").word_vocab_size == 458
+
+
+def test_publish_dry_run_touches_no_network_and_keeps_the_folder(converted_dir, tmp_path, capsys, monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("a dry run must not call the Hub")
+
+    monkeypatch.setattr(HfApi, "create_repo", no_network)
+    monkeypatch.setattr(HfApi, "create_commit", no_network)
+    # Training state and other weight formats beside the model are not published.
+    folder = tmp_path / "trained"
+    shutil.copytree(converted_dir, folder)
+    for name in ("optimizer.pt", "trainer_state.json", "pytorch_model.bin"):
+        (folder / name).write_bytes(b"x")
+    (folder / "checkpoint-10").mkdir()
+    (folder / "README.md").write_text("# My own notes\n")
+    assert main(["publish", str(folder), "--repo-id", "someone/elmo", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    prepared = lines[0].split(": ")[-1]
+    assert lines[0] == f"Dry run: nothing was uploaded. Prepared folder for someone/elmo: {prepared}"
+    assert lines[1:11] == [f"  {name}" for name in PUBLISHED_FILES]
+    assert lines[11] == "Left out: checkpoint-10, optimizer.pt, pytorch_model.bin, trainer_state.json"
+    assert lines[12] == f"Model card: {os.path.join(prepared, 'README.md')}"
+    assert sorted(os.listdir(prepared)) == PUBLISHED_FILES
+    assert ModelCard.load(os.path.join(prepared, "README.md")).data.tags[:3] == ["elmo", "bilm", "hf_elmo"]
+    shutil.rmtree(prepared)
+
+
+def test_publish_a_head_with_a_hand_written_card(converted_dir, hub, tmp_path):
+    head = ElmoForTokenClassification.from_pretrained(converted_dir, num_labels=5)
+    head.save_pretrained(tmp_path / "ner")  # the model alone: publish adds the default tokenizer
+    (tmp_path / "card.md").write_text("---\nlicense: mit\nlibrary_name: transformers\n---\n# NER\n")
+    prepared, commit = publish(str(tmp_path / "ner"), "someone/ner", card_file=str(tmp_path / "card.md"))
+    assert commit.pr_url is None
+    uploaded = hub[1][3]
+    assert uploaded["README.md"] == (tmp_path / "card.md").read_bytes()
+    assert json.loads(uploaded["config.json"])["architectures"] == ["ElmoForTokenClassification"]
+    assert json.loads(uploaded["tokenizer_config.json"])["auto_map"] == {
+        "AutoTokenizer": ["tokenization_elmo.ElmoTokenizer", None]}
+    assert not os.path.exists(prepared.path)  # the staging folder is removed after the upload
+
+
+def test_publish_errors(converted_dir, tmp_path, monkeypatch, hub):
+    with pytest.raises(PublishError, match="no config.json; expected a folder written by save_pretrained"):
+        publish(str(tmp_path), "someone/x")
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.delenv("HF_TOKEN")
+    with pytest.raises(PublishError, match="Not logged in to the Hugging Face Hub: run `hf auth login` or set HF_TO"):
+        publish(str(converted_dir), "someone/x")
+    assert hub == []
+
+
+def test_publish_offline_is_a_clear_error_not_a_hang(converted_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1", "HF_TOKEN": "hf_not_a_real_token"}
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_elmo.cli", "publish", str(converted_dir), "--repo-id", "someone/elmo"],
+        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith(
+        "error: HF_HUB_OFFLINE=1 is set, so nothing can be pushed to the Hub. Unset it to publish, or pass "
+        "--dry-run to prepare the folder without network."
+    )
+
+
+def test_dry_run_folder_loads_without_hf_elmo(converted_dir, tmp_path):
+    prepared, commit = publish(str(converted_dir), "someone/elmo", dry_run=True)
+    assert commit is None
+    tokenizer = ElmoTokenizer.from_pretrained(converted_dir)
+    with torch.no_grad():
+        expected = ElmoModel.from_pretrained(converted_dir)(**tokenizer(["A bank ."], return_tensors="pt"))
+    report = run_without_hf_elmo(
+        """
+        import json, sys, torch
+        from transformers import AutoModel, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)
+        model = AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True)
+        with torch.no_grad():
+            top = model(**tokenizer(["A bank ."], return_tensors="pt")).last_hidden_state
+        print(json.dumps({"top": top.tolist(), "vocab": tokenizer.word_vocab_size, "module": type(model).__module__}))
+        """,
+        [prepared.path],
+        tmp_path,
+    )
+    shutil.rmtree(prepared.path)
+    assert report["module"].startswith("transformers_modules.") and report["vocab"] == 458
+    assert (torch.tensor(report["top"]) - expected.last_hidden_state).abs().max() <= 1e-6
