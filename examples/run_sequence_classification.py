@@ -37,6 +37,7 @@ from hf_elmo.finetuning import (
     add_finetuning_arguments,
     build_label_map,
     classification_scores,
+    default_task_name,
     existing_label_map,
     head_options,
     label_ids,
@@ -52,7 +53,7 @@ logger = logging.getLogger("run_sequence_classification")
 SPLITS = ("train", "validation", "test")
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data (TSV/CSV files, or --dataset-name)")
     data.add_argument("--train-file", help="TSV or CSV training file with a header line")
@@ -70,7 +71,11 @@ def parse_args(argv=None):
     data.add_argument("--pooling", choices=("mean", "max", "final"), default="mean",
                       help="how word vectors become one sentence vector: mean or max over the words, or final "
                       "(forward state at the last word with backward state at the first) (default: %(default)s)")
-    add_finetuning_arguments(parser)
+    return add_finetuning_arguments(parser)
+
+
+def parse_args(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if bool(args.train_file) == bool(args.dataset_name):
         parser.error("give either --train-file (TSV/CSV files) or --dataset-name")
@@ -168,8 +173,7 @@ def main(argv=None):
     result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint, args.output_dir))
     trainer.save_model(args.output_dir)
 
-    task = args.task_name or (os.path.splitext(os.path.basename(args.train_file))[0] if args.train_file
-                              else args.dataset_name)
+    task = default_task_name(args)
     weights = model.layer_weights().tolist()
     metrics = {
         "task": task,

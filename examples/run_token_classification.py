@@ -40,6 +40,7 @@ from hf_elmo.finetuning import (
     TaggedSentence,
     add_finetuning_arguments,
     build_label_map,
+    default_task_name,
     entity_scores,
     existing_label_map,
     head_options,
@@ -56,7 +57,7 @@ logger = logging.getLogger("run_token_classification")
 SPLITS = ("train", "validation", "test")
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_argument_group("data (CoNLL files, or --dataset-name)")
     data.add_argument("--train-file", help="CoNLL-format training file")
@@ -74,7 +75,11 @@ def parse_args(argv=None):
                       help="--dataset-name column holding each sentence's words (default: %(default)s)")
     data.add_argument("--tags-column", default="ner_tags",
                       help="--dataset-name column holding each sentence's tags (default: %(default)s)")
-    add_finetuning_arguments(parser)
+    return add_finetuning_arguments(parser)
+
+
+def parse_args(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if bool(args.train_file) == bool(args.dataset_name):
         parser.error("give either --train-file (CoNLL files) or --dataset-name")
@@ -192,8 +197,7 @@ def main(argv=None):
     result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint, args.output_dir))
     trainer.save_model(args.output_dir)
 
-    task = args.task_name or (os.path.splitext(os.path.basename(args.train_file))[0] if args.train_file
-                              else args.dataset_name)
+    task = default_task_name(args)
     weights = model.layer_weights().tolist()
     metrics = {
         "task": task,

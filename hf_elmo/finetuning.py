@@ -300,13 +300,12 @@ def plot_layer_weights(weights_by_task: dict[str, list[float]], path: str | os.P
             axes.text(column, row, f"{value:.2f}", ha="center", va="center", color="white" if value > 0.6 else "black")
     axes.set_title(title or "Learned ELMo layer weights (softmax-normalised)")
     figure.colorbar(image, ax=axes)
-    figure.tight_layout()
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=folder, suffix=".png")
     os.close(handle)
     try:
-        figure.savefig(temporary, dpi=120)
+        figure.savefig(temporary, dpi=120, bbox_inches="tight")
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)
@@ -439,6 +438,15 @@ def write_json(path: str | os.PathLike, data) -> None:
         raise
 
 
+def default_task_name(args) -> str:
+    """--task-name, else the training file's name, else the dataset's name."""
+    if args.task_name:
+        return args.task_name
+    if args.train_file:
+        return os.path.splitext(os.path.basename(args.train_file))[0]
+    return os.path.basename(os.path.normpath(args.dataset_name))
+
+
 def existing_label_map(config, architecture: str) -> dict[int, str] | None:
     """The `id2label` of a model folder that already holds this kind of head, else None (a new head)."""
     if architecture in (getattr(config, "architectures", None) or []):
@@ -450,6 +458,7 @@ __all__ = [
     "DataFileError",
     "add_finetuning_arguments",
     "classification_scores",
+    "default_task_name",
     "existing_label_map",
     "head_options",
     "resolve_checkpoint",

@@ -1,0 +1,262 @@
+"""The fine-tuning examples end to end, and the data readers and metrics they rely on (hf_elmo/finetuning.py).
+
+The example runs are real: bilm-tf's fixture model, real CoNLL-2003-format text from allennlp's fixtures and real
+sentences from bilm-tf's `sentences.json`, a real Trainer with per-epoch checkpoints, and real PNG/JSON outputs.
+"""
+
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+from hf_elmo.finetuning import (
+    DataFileError,
+    classification_scores,
+    entity_scores,
+    entity_spans,
+    read_conll,
+    read_text_classification_file,
+    resolve_checkpoint,
+)
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def load_example(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, "examples", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def token_example():
+    return load_example("run_token_classification")
+
+
+@pytest.fixture(scope="module")
+def sequence_example():
+    return load_example("run_sequence_classification")
+
+
+@pytest.fixture
+def conll_text(fixtures_root):
+    return (fixtures_root / "data" / "conll2003.txt").read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------
+def test_token_classification_example_fits_conll(token_example, converted_dir, conll_text, fixtures_root, tmp_path):
+    train = tmp_path / "train.conll"
+    train.write_text(conll_text * 8, encoding="utf-8")  # 16 sentences: a few steps per epoch
+    fixture = str(fixtures_root / "data" / "conll2003.txt")
+    output = tmp_path / "ner"
+    metrics = token_example.main([
+        "--model", str(converted_dir), "--train-file", str(train), "--validation-file", fixture, "--test-file",
+        fixture, "--output-dir", str(output), "--epochs", "8", "--batch-size", "2", "--learning-rate", "0.1",
+        "--dropout", "0", "--task-name", "NER", "--logging-steps", "5",
+    ])
+    for split in ("validation", "test"):
+        assert metrics[split]["token_accuracy"] == 1.0
+        entities = metrics[split]["entities"]
+        assert entities["overall"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 6}
+        assert {kind: scores["support"] for kind, scores in entities.items()} == {"LOC": 2, "ORG": 2, "PER": 2,
+                                                                                 "overall": 6}
+    assert metrics["task"] == "NER" and len(metrics["layer_weights"]) == 3
+    assert sum(metrics["layer_weights"]) == pytest.approx(1.0, abs=1e-6)
+
+    on_disk = json.loads((output / "metrics.json").read_text())
+    assert on_disk["validation"] == metrics["validation"] and on_disk["layer_weights"] == metrics["layer_weights"]
+    labels = json.loads((output / "labels.json").read_text())
+    assert labels == {"id2label": {"0": "O", "1": "I-LOC", "2": "I-ORG", "3": "I-PER"}}
+    assert (output / "layer_weights.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-56", "checkpoint-64"]
+    model = AutoModelForTokenClassification.from_pretrained(output)
+    assert model.config.id2label == {0: "O", 1: "I-LOC", 2: "I-ORG", 3: "I-PER"}
+    assert model.layer_weights().tolist() == pytest.approx(metrics["layer_weights"], abs=1e-7)
+    assert resolve_checkpoint("last", str(output)) == str(output / "checkpoint-64")
+
+
+def test_sequence_classification_example_fits_real_sentences(sequence_example, converted_dir, elmo_fixture, tmp_path):
+    with open(elmo_fixture / "sentences.json", encoding="utf-8") as f:
+        sentences = sorted((s for group in json.load(f) for s in group), key=lambda s: len(s.split()))[:10]
+    train = tmp_path / "train.tsv"
+    with open(train, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, delimiter="\t")
+        writer.writerow(["sentence", "has_number"])
+        for sentence in sentences * 4:  # a few steps per epoch
+            writer.writerow([sentence, "yes" if any(c.isdigit() for c in sentence) else "no"])
+    output = tmp_path / "numbers"
+    metrics = sequence_example.main([
+        "--model", str(converted_dir), "--train-file", str(train), "--validation-file", str(train),
+        "--text-column", "sentence", "--label-column", "has_number", "--pooling", "final",
+        "--output-dir", str(output), "--epochs", "6", "--batch-size", "10", "--learning-rate", "0.1",
+        "--dropout", "0", "--save-total-limit", "1",
+    ])
+    report = metrics["validation"]
+    assert report["accuracy"] == 1.0 and report["macro"]["f1"] == 1.0
+    assert {label: scores["support"] for label, scores in report["classes"].items()} == {"no": 32, "yes": 8}
+    assert metrics["task"] == "train" and sum(metrics["layer_weights"]) == pytest.approx(1.0, abs=1e-6)
+    assert (output / "layer_weights.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert json.loads((output / "labels.json").read_text()) == {"id2label": {"0": "no", "1": "yes"}}
+    model = AutoModelForSequenceClassification.from_pretrained(output)
+    assert model.config.classifier_pooling == "final" and model.config.id2label == {0: "no", 1: "yes"}
+
+
+@pytest.mark.parametrize("name", ["run_token_classification", "run_sequence_classification"])
+def test_help_explains_every_option(name, capsys):
+    module = load_example(name)
+    with pytest.raises(SystemExit) as exit_info:
+        module.parse_args(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    parser_options = [action for action in module.build_parser()._actions if action.option_strings]
+    assert len(parser_options) > 20
+    for action in parser_options:
+        assert action.help and len(action.help) > 15, action.option_strings
+        assert action.option_strings[-1] in text
+    assert "Example" in text and "--output-dir" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: clear errors naming the file and line
+# ---------------------------------------------------------------------------------------------
+def test_conll_reader_errors_name_file_and_line(tmp_path, conll_text):
+    path = tmp_path / "bad.conll"
+    path.write_text("-DOCSTART- -X- -X- O\n\nU.N. NNP I-NP I-ORG\nofficial NN\n", encoding="utf-8")
+    with pytest.raises(DataFileError, match=rf"{path}:4: expected 4 whitespace-separated columns .* got 2: 'official NN'"):
+        read_conll(path)
+    path.write_text("U.N.\n", encoding="utf-8")
+    with pytest.raises(DataFileError, match=rf"{path}:1: expected a word and a tag"):
+        read_conll(path)
+    path.write_text("-DOCSTART- -X- -X- O\n\n\n", encoding="utf-8")
+    with pytest.raises(DataFileError, match=rf"{path}: no sentences found"):
+        read_conll(path)
+    path.write_text(conll_text, encoding="utf-8")
+    with pytest.raises(DataFileError, match=rf"{path}:3: label_column=7 but the lines have 4 columns"):
+        read_conll(path, label_column=7)
+    with pytest.raises(FileNotFoundError, match="missing.conll: no such file"):
+        read_conll(tmp_path / "missing.conll")
+
+    sentences = read_conll(path, label_column=1)
+    assert [s.words for s in sentences] == ["U.N. official Ekeus heads for Baghdad .".split(),
+                                            "AI2 engineer Joel lives in Seattle .".split()]
+    assert sentences[1].tags == ["NNP", "NN", "NNP", "VBZ", "IN", "NNP", "."]
+    assert [s.where(2) for s in sentences] == [f"{path}:5", f"{path}:15"]
+
+
+def test_token_example_rejects_unknown_labels_and_reports_the_line(converted_dir, conll_text, tmp_path):
+    train, dev = tmp_path / "train.conll", tmp_path / "dev.conll"
+    train.write_text(conll_text, encoding="utf-8")
+    dev.write_text(conll_text.replace("Baghdad\tNNP\tI-NP\tI-LOC", "Baghdad\tNNP\tI-NP\tI-MISC"), encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO_ROOT, "examples", "run_token_classification.py"), "--model",
+         str(converted_dir), "--train-file", str(train), "--validation-file", str(dev), "--output-dir",
+         str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 1
+    assert (f"error: {dev}:8: label 'I-MISC' is not one of the model's labels ['I-LOC', 'I-ORG', 'I-PER', 'O']"
+            in result.stderr)
+    assert not (tmp_path / "out").exists()
+
+
+def test_text_file_reader_errors(tmp_path):
+    path = tmp_path / "data.tsv"
+    path.write_text("", encoding="utf-8")
+    with pytest.raises(DataFileError, match=rf"{path}: the file is empty"):
+        read_text_classification_file(path)
+    path.write_text("sentence\tlabel\n", encoding="utf-8")
+    with pytest.raises(DataFileError, match=r"data.tsv:1: no column named 'text' in the header \['sentence', 'label'\]"):
+        read_text_classification_file(path)
+    with pytest.raises(DataFileError, match=rf"{path}: no rows after the header"):
+        read_text_classification_file(path, text_column="sentence")
+    path.write_text("text\tlabel\nGood film .\tpos\nBad\tfilm\tneg\n", encoding="utf-8")
+    with pytest.raises(DataFileError, match=rf"{path}:3: expected 2 fields as in the header, got 3"):
+        read_text_classification_file(path)
+    path.write_text("text\tlabel\nGood film .\tpos\nBad film .\t \n", encoding="utf-8")
+    with pytest.raises(DataFileError, match=rf"{path}:3: the 'label' field is empty"):
+        read_text_classification_file(path)
+    csv_path = tmp_path / "data.csv"
+    csv_path.write_text('label,text\npos,"Good, really good."\n\nneg,"Two\nlines"\n', encoding="utf-8")
+    rows = read_text_classification_file(csv_path)
+    assert [(r.text, r.label, r.where()) for r in rows] == [
+        ("Good, really good.", "pos", f"{csv_path}:2"), ("Two\nlines", "neg", f"{csv_path}:5")]
+
+
+def test_sequence_example_rejects_a_single_label(sequence_example, converted_dir, tmp_path):
+    path = tmp_path / "one.csv"
+    path.write_text("text,label\nGood film .,pos\nGreat film .,pos\n", encoding="utf-8")
+    with pytest.raises(DataFileError, match="single label \\['pos'\\]; a classifier needs at least two"):
+        sequence_example.main(["--model", str(converted_dir), "--train-file", str(path), "--output-dir",
+                               str(tmp_path / "out")])
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------------------------
+def test_entity_spans_follow_conlleval_chunk_rules():
+    # IOB1 (CoNLL-2003): I- starts an entity after O or another type; B- only separates two same-type entities.
+    assert entity_spans(["I-PER", "I-PER", "I-LOC", "O", "I-ORG", "B-ORG"]) == {
+        ("PER", 0, 2), ("LOC", 2, 3), ("ORG", 4, 5), ("ORG", 5, 6)}
+    # IOB2 and IOBES.
+    assert entity_spans(["B-PER", "I-PER", "B-PER", "O", "I-LOC"]) == {("PER", 0, 2), ("PER", 2, 3), ("LOC", 4, 5)}
+    assert entity_spans(["S-PER", "B-LOC", "I-LOC", "E-LOC", "E-LOC"]) == {("PER", 0, 1), ("LOC", 1, 4), ("LOC", 4, 5)}
+    # Labels without a prefix: a run of the same label is one entity.
+    assert entity_spans(["PER", "PER", "O", "LOC"]) == {("PER", 0, 2), ("LOC", 3, 4)}
+    assert entity_spans([]) == set() and entity_spans(["O", "O"]) == set()
+
+
+def test_entity_scores_exact_values():
+    gold = [["I-PER", "I-PER", "O", "I-LOC"], ["B-ORG", "I-ORG", "O", "B-PER"]]
+    predicted = [["I-PER", "I-PER", "O", "I-ORG"], ["B-ORG", "O", "O", "B-PER"]]
+    scores = entity_scores(gold, predicted)
+    # Gold: PER x2, LOC, ORG. Predicted: PER x2 (both right), ORG (wrong type at 3), ORG (too short).
+    assert scores["PER"] == {"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 2}
+    assert scores["LOC"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1}
+    assert scores["ORG"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1}
+    assert scores["overall"] == {"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 4}
+    with pytest.raises(ValueError, match="sentence 1 has 4 gold tags but 3 predicted"):
+        entity_scores(gold, [predicted[0], predicted[1][:3]])
+
+
+def test_classification_scores_exact_values():
+    scores = classification_scores(["pos", "pos", "neg", "neg"], ["pos", "neg", "neg", "neg"])
+    assert scores["accuracy"] == 0.75
+    assert scores["classes"]["pos"] == {"precision": 1.0, "recall": 0.5, "f1": pytest.approx(2 / 3), "support": 2}
+    assert scores["classes"]["neg"] == {"precision": pytest.approx(2 / 3), "recall": 1.0, "f1": 0.8, "support": 2}
+    assert scores["macro"]["f1"] == pytest.approx((2 / 3 + 0.8) / 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# `datasets` input (a local folder, as load_dataset reads it; a Hub name goes through the same call)
+# ---------------------------------------------------------------------------------------------
+def test_token_example_reads_a_datasets_folder(token_example, converted_dir, fixtures_root, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    sentences = read_conll(fixtures_root / "data" / "conll2003.txt")
+    names = ["O", "I-PER", "I-ORG", "I-LOC"]
+    features = datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
+                                  "ner_tags": datasets.Sequence(datasets.ClassLabel(names=names))})
+    folder = tmp_path / "conll-dataset"
+    folder.mkdir()
+    table = {"tokens": [s.words for s in sentences], "ner_tags": [[names.index(t) for t in s.tags] for s in sentences]}
+    for split in ("train", "validation"):
+        datasets.Dataset.from_dict(table, features=features).to_parquet(str(folder / f"{split}.parquet"))
+    metrics = token_example.main([
+        "--model", str(converted_dir), "--dataset-name", str(folder), "--output-dir", str(tmp_path / "out"),
+        "--epochs", "2", "--batch-size", "2", "--learning-rate", "0.05", "--dropout", "0",
+    ])
+    assert metrics["task"] == "conll-dataset"
+    assert metrics["validation"]["entities"]["overall"]["support"] == 6
+    # The ClassLabel ids were turned back into their names.
+    assert json.loads((tmp_path / "out" / "labels.json").read_text())["id2label"] == {
+        "0": "O", "1": "I-LOC", "2": "I-ORG", "3": "I-PER"}
