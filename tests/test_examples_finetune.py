@@ -260,3 +260,20 @@ def test_token_example_reads_a_datasets_folder(token_example, converted_dir, fix
     # The ClassLabel ids were turned back into their names.
     assert json.loads((tmp_path / "out" / "labels.json").read_text())["id2label"] == {
         "0": "O", "1": "I-LOC", "2": "I-ORG", "3": "I-PER"}
+
+
+def test_sequence_example_reads_a_datasets_folder(sequence_example, converted_dir, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    features = datasets.Features({"sentence": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=["negative", "positive"])})
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    table = {"sentence": ["What a World Cup .", "Don 't !", "Even so , Democrats slammed Bush ."], "label": [1, 0, 0]}
+    datasets.Dataset.from_dict(table, features=features).to_parquet(str(folder / "train.parquet"))
+    metrics = sequence_example.main([
+        "--model", str(converted_dir), "--dataset-name", str(folder), "--text-column", "sentence",
+        "--output-dir", str(tmp_path / "out"), "--epochs", "1", "--batch-size", "3", "--task-name", "reviews",
+    ])
+    # The ClassLabel ids were turned back into their names.
+    assert json.loads((tmp_path / "out" / "labels.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
+    assert metrics["task"] == "reviews" and "validation" not in metrics
