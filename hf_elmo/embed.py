@@ -14,15 +14,16 @@ H = 2 * projection_dim:
 
 Rules:
 - A line with no words (blank, or only whitespace) is stored as an empty dataset (0 words), so that dataset `"i"`
-  is always line i + 1; each one is logged with its line number.
+  is always line i + 1. Such lines and split lines (below) are logged with their line numbers: the first 20 of
+  each kind one by one, then a summary.
 - A line of more than `max_words` words is split into pieces of at most `max_words` words, each embedded as its
   own sentence (its own `<S>` ... `</S>`, so context does not cross a piece boundary); the pieces' vectors are
-  stored one after the other, so the dataset still has one vector per word. Each split is logged.
+  stored one after the other, so the dataset still has one vector per word.
 - The model is stateless: a line's vectors depend on that line only, not on its neighbours or position. Lines are
   sorted by length within a window of `window` lines to batch similar lengths together; this changes which lines
-  share a batch, which can move float32 results by rounding (~1e-7), never more. A run is repeatable: the same
-  input and options give bit-identical output. `batch_size=1` makes every line's vectors bit-identical wherever
-  it appears.
+  share a batch, which can move float32 results by rounding (around 1e-6), never more. A run is repeatable: on
+  the same machine, the same input and options give bit-identical vectors. `batch_size=1` makes every line's
+  vectors bit-identical wherever it appears.
 - The output is written to a hidden temporary file beside `output_path` and renamed into place only when complete:
   an interrupted run leaves no output file (a killed one may leave its `.NAME.<pid>.partial`, which the next run
   to the same output removes).
