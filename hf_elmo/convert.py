@@ -41,6 +41,10 @@ def atomic_output_dir(output_dir: str, overwrite: bool = False):
     staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output_dir)}.tmp-")
     try:
         yield staging
+        # mkdtemp makes a private (0700) folder; the result should get the permissions of an ordinary mkdir.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)
         if os.path.exists(output_dir):
             old = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output_dir)}.old-")
             os.replace(output_dir, os.path.join(old, "previous"))

@@ -138,6 +138,10 @@ def test_existing_output_needs_overwrite(fixture_copy):
         convert(fixture_copy)
     convert(fixture_copy, overwrite=True)
     assert (fixture_copy / "out" / "model.safetensors").exists()
+    # The staged folder gets ordinary permissions, not mkdtemp's private 0700.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(fixture_copy / "out").st_mode & 0o777 == 0o777 & ~umask
 
 
 def test_model_card_records_source_checksums(converted_dir, elmo_fixture):
