@@ -1,0 +1,50 @@
+#!/usr/bin/env python
+"""Export an hf_elmo model folder as bilm-tf files: options.json + weights.hdf5 (+ vocab.txt).
+
+    python conversion/convert_hf_to_bilm_tf.py MODEL_DIR --output elmo-bilm-tf
+
+MODEL_DIR is any folder written by hf_elmo's `save_pretrained`: a converted model, a pretraining run's output
+(`ElmoForPreTraining`: only the biLM is exported, as bilm-tf's weight files never hold the softmax) or a task model.
+The weights are written in float32 with bilm-tf's dataset names and layouts, so converting the export back with
+convert_bilm_tf_to_hf.py gives bit-identical weights. A word vocabulary saved with the model (vocab.txt) is copied
+along; it is already in bilm-tf's format.
+"""
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+
+from hf_elmo.bilm_tf import BilmTfFormatError
+from hf_elmo.convert import convert_hf_to_bilm_tf
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir", help="hf_elmo model folder (config.json + model.safetensors).")
+    parser.add_argument("--output", required=True, help="folder to write; created atomically.")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it already exists.")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
+        print(f"error: {args.model_dir} is not an hf_elmo model folder (no config.json).", file=sys.stderr)
+        return 2
+    try:
+        options, weights = convert_hf_to_bilm_tf(args.model_dir, args.output, overwrite=args.overwrite)
+    except (BilmTfFormatError, FileExistsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    written = [options, weights]
+    vocab = os.path.join(args.model_dir, "vocab.txt")
+    if os.path.isfile(vocab):
+        target = os.path.join(args.output, "vocab.txt")
+        shutil.copyfile(vocab, target + ".tmp")
+        os.replace(target + ".tmp", target)
+        written.append(target)
+    logging.getLogger("convert_hf_to_bilm_tf").info("Wrote %s", ", ".join(written))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,554 @@
+"""ELMo pretraining: the LM objective, the vocabulary and corpus stream, and real Accelerate runs on real English text
+(a 2-process CPU run, a run killed with SIGKILL and resumed, held-out perplexity, export to bilm-tf and back)."""
+
+import json
+import logging
+import math
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModel, AutoModelForPreTraining, AutoTokenizer
+
+from hf_elmo import ElmoConfig, ElmoForPreTraining, ElmoModel, ElmoTokenizer
+from hf_elmo.modeling_elmo import log_uniform_expected_count, sample_log_uniform_candidates
+from hf_elmo.pretraining import main as pretrain_main
+from hf_elmo.pretraining_data import (
+    CorpusError,
+    SentenceBatchStream,
+    build_vocab,
+    count_words,
+    make_batch,
+    read_eval_sentences,
+    resolve_shards,
+    write_vocab,
+)
+from hf_elmo.testing_utils import english_text_sample
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {
+    "char_filters": [[1, 8], [2, 8], [3, 16]],
+    "n_highway": 1,
+    "char_embedding_dim": 8,
+    "lstm_dim": 64,
+    "projection_dim": 16,
+    "num_lstm_layers": 2,
+}
+
+
+def tiny_config(**overrides) -> ElmoConfig:
+    return ElmoConfig(**{**TINY, "vocab_size": 40, **overrides})
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """In-process runs create Accelerate's process-wide singletons; start every test without them."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+# ------------------------------------------------------------------------------------------------ the objective
+def test_lm_targets_put_boundaries_where_bilm_tf_predicts_them():
+    model = ElmoForPreTraining(tiny_config(bos_word_id=5, eos_word_id=3))
+    labels = torch.tensor([[10, 11, 12], [20, -100, -100]])
+    word_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)  # <S> words </S>
+    forward_targets, backward_targets = model.lm_targets(labels, word_mask)
+    # Forward: <S> -> w0, w_i -> w_{i+1}, last word -> </S>. Backward: </S> -> last word, w_i -> w_{i-1}, w0 -> <S>.
+    assert forward_targets.tolist() == [[10, 11, 12, 3, -100], [20, 3, -100, -100, -100]]
+    assert backward_targets.tolist() == [[-100, 5, 10, 11, 12], [-100, 5, 20, -100, -100]]
+
+
+def _batch(seed=0, vocab_size=40):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(1, 262, (3, 5, 50), generator=generator)
+    input_ids[1, 3:] = 0
+    input_ids[2, 1:] = 0
+    labels = torch.randint(0, vocab_size, (3, 5), generator=generator)
+    labels[1, 3:] = -100
+    labels[2, 1:] = -100
+    return input_ids, labels
+
+
+def test_full_softmax_losses_match_a_hand_computation():
+    torch.manual_seed(0)
+    model = ElmoForPreTraining(tiny_config()).eval()
+    input_ids, labels = _batch()
+    with torch.no_grad():
+        output = model(input_ids, labels=labels)
+        top = model.elmo(input_ids, keep_sentence_boundaries=True).last_hidden_state
+    p, forward_nll, backward_nll = model.config.projection_dim, [], []
+    for row, n in enumerate((5, 3, 1)):
+        words = labels[row, :n].tolist()
+        for position, target in enumerate(words + [1]):  # eos_word_id = 1
+            forward_nll.append(-torch.log_softmax(model.softmax(top[row, position, :p]), -1)[target])
+        for position, target in enumerate([0] + words):  # bos_word_id = 0
+            backward_nll.append(-torch.log_softmax(model.softmax(top[row, position + 1, p:]), -1)[target])
+    assert int(output.num_predictions) == 6 + 4 + 2
+    torch.testing.assert_close(output.forward_loss, torch.stack(forward_nll).mean(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(output.backward_loss, torch.stack(backward_nll).mean(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(output.loss, (output.forward_loss + output.backward_loss) / 2, rtol=0, atol=0)
+    # Without labels: full-softmax scores at every position, the same numbers.
+    with torch.no_grad():
+        scores = model(input_ids)
+    assert scores.forward_logits.shape == (3, 7, 40) and scores.loss is None
+    first = -torch.log_softmax(scores.forward_logits[0, 0], -1)[labels[0, 0]]
+    torch.testing.assert_close(first, forward_nll[0], rtol=0, atol=1e-6)
+
+
+def test_sampled_softmax_is_the_tensorflow_recipe():
+    config = tiny_config(vocab_size=1000, num_softmax_samples=50, lm_dropout=0.0)
+    torch.manual_seed(0)
+    model = ElmoForPreTraining(config).train()
+    input_ids, labels = _batch(vocab_size=1000)
+    torch.manual_seed(7)
+    output = model(input_ids, labels=labels)
+    output.loss.backward()
+
+    # Replay the same draw and compute the loss by hand: true logit and sampled logits, each minus log(expected
+    # count), accidental hits removed, softmax cross-entropy with the true word as class 0.
+    torch.manual_seed(7)
+    candidates, tries = sample_log_uniform_candidates(50, 1000)
+    assert len(set(candidates.tolist())) == 50 and tries >= 50
+    with torch.no_grad():
+        top = model.elmo(input_ids, keep_sentence_boundaries=True).last_hidden_state
+        word_mask = torch.arange(7) < torch.tensor([7, 5, 3])[:, None]  # <S> + words + </S> per row
+        forward_targets, backward_targets = model.lm_targets(labels, word_mask)
+        w, b, p = model.softmax.weight, model.softmax.bias, config.projection_dim
+        nll = []
+        for hidden, targets in ((top[..., :p], forward_targets), (top[..., p:], backward_targets)):
+            keep = targets != -100
+            h, t = hidden[keep], targets[keep]
+            q_true = log_uniform_expected_count(t, 1000, 50, tries).log().float()
+            q_sampled = log_uniform_expected_count(candidates, 1000, 50, tries).log().float()
+            true_logit = (h * w[t]).sum(-1) + b[t] - q_true
+            sampled = h @ w[candidates].t() + b[candidates] - q_sampled
+            sampled[candidates[None] == t[:, None]] = float("-inf")
+            logits = torch.cat([true_logit[:, None], sampled], 1)
+            nll.append(-torch.log_softmax(logits, -1)[:, 0].mean())
+    torch.testing.assert_close(output.forward_loss.detach(), nll[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(output.backward_loss.detach(), nll[1], rtol=0, atol=1e-5)
+    # Only the rows of targets and negatives receive a gradient.
+    touched = set(model.softmax.weight.grad.abs().sum(1).nonzero().flatten().tolist())
+    assert touched == set(candidates.tolist()) | set(labels[labels != -100].tolist()) | {0, 1}
+
+
+def test_log_uniform_sampler_follows_zipf():
+    torch.manual_seed(0)
+    draws = torch.stack([sample_log_uniform_candidates(1, 100)[0] for _ in range(20000)]).flatten()
+    frequency = torch.bincount(draws, minlength=100).double() / draws.numel()
+    expected = (torch.log(torch.arange(100.0) + 2) - torch.log(torch.arange(100.0) + 1)) / math.log(101)
+    assert torch.allclose(frequency[:5], expected[:5].double(), atol=0.01)
+    # One draw per sample when nothing repeats: expected count = probability x samples (TensorFlow's shortcut).
+    assert log_uniform_expected_count(torch.tensor([0]), 100, 1, 1).item() == pytest.approx(expected[0].item())
+
+
+def test_softmax_is_saved_once_and_reloads(tmp_path):
+    torch.manual_seed(0)
+    model = ElmoForPreTraining(tiny_config()).eval()
+    model.save_pretrained(tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    assert [k for k in stored if "softmax" in k] == ["softmax.bias", "softmax.weight"]
+    reloaded = AutoModelForPreTraining.from_pretrained(tmp_path).eval()
+    assert isinstance(reloaded, ElmoForPreTraining)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, reloaded.state_dict()[name]), name
+    input_ids, labels = _batch()
+    with torch.no_grad():
+        assert torch.equal(model(input_ids, labels=labels).loss, reloaded(input_ids, labels=labels).loss)
+    encoder = AutoModel.from_pretrained(tmp_path)
+    assert type(encoder) is ElmoModel
+    assert torch.equal(encoder.bilstm.forward_layers[1].input_proj.weight,
+                       model.elmo.bilstm.forward_layers[1].input_proj.weight)
+
+
+def test_bad_labels_and_configs_are_clear_errors():
+    model = ElmoForPreTraining(tiny_config())
+    input_ids, labels = _batch()
+    with pytest.raises(ValueError, match=r"labels must have shape \(3, 5\)"):
+        model(input_ids, labels=labels[:, :4])
+    labels[0, 2] = 40
+    with pytest.raises(ValueError, match=r"labels\[0, 2\] = 40 is not a word id in \[0, 40\)"):
+        model(input_ids, labels=labels)
+    with pytest.raises(ValueError, match="needs config.vocab_size"):
+        ElmoForPreTraining(ElmoConfig(**TINY))
+    with pytest.raises(ValueError, match="bos_word_id and eos_word_id must differ"):
+        tiny_config(bos_word_id=1)
+    with pytest.raises(ValueError, match=r"eos_word_id \(40\) must be an index"):
+        tiny_config(eos_word_id=40)
+    with pytest.raises(ValueError, match="lm_dropout must be a probability"):
+        tiny_config(lm_dropout=1.0)
+
+
+# ------------------------------------------------------------------------------------------------ vocabulary, data
+def test_vocabulary_is_frequency_sorted_in_bilm_tf_format(tmp_path, elmo_fixture):
+    corpus = tmp_path / "a.txt"
+    corpus.write_text("the cat sat .\nthe dog sat .\n\nthe <S> cat\n", encoding="utf-8")
+    counts = count_words([str(corpus)], str.split)
+    assert build_vocab(counts) == ["<S>", "</S>", "<UNK>", "the", ".", "cat", "sat", "dog"]
+    assert build_vocab(counts, min_count=2) == ["<S>", "</S>", "<UNK>", "the", ".", "cat", "sat"]
+    assert build_vocab(counts, max_size=5) == ["<S>", "</S>", "<UNK>", "the", "."]
+    path = write_vocab(build_vocab(counts, min_count=2), str(tmp_path / "vocab.txt"))
+    assert open(path, encoding="utf-8").read() == "<S>\n</S>\n<UNK>\nthe\n.\ncat\nsat\n"
+    tokenizer = ElmoTokenizer(vocab_file=path)
+    assert tokenizer.words_to_indices(["the", "dog"]) == [3, 2]
+    # bilm-tf's own vocabulary file (its specials are not first) reads, and writes back line for line (the original
+    # lacks a final newline).
+    original = elmo_fixture / "vocab_test.txt"
+    tokenizer = ElmoTokenizer(vocab_file=str(original))
+    assert (tokenizer.bos_word_index, tokenizer.eos_word_index) == (20, 224)
+    tokenizer.save_pretrained(tmp_path / "saved")
+    assert (tmp_path / "saved" / "vocab.txt").read_bytes() == original.read_bytes() + b"\n"
+
+
+def _write_shards(tmp_path, n_shards=3, per_shard=25):
+    files = []
+    for s in range(n_shards):
+        lines = [" ".join(f"s{s}.{i}.{k}" for k in range(2 + i % 7)) for i in range(per_shard)]
+        lines.insert(3, "")
+        lines.insert(9, "   ")
+        path = tmp_path / f"shard-{s}.txt"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        files.append(str(path))
+    return files
+
+
+def test_stream_deals_every_sentence_once_per_epoch_and_resumes_exactly(tmp_path):
+    files = _write_shards(tmp_path)
+    streams = [SentenceBatchStream(files, str.split, batch_size=4, seed=3, rank=r, world_size=2, shuffle_window=20,
+                                   max_words=5) for r in range(2)]
+    seen = Counter()
+    while all(s.epoch == 0 for s in streams):
+        for stream in streams:
+            batch = stream.next_batch()
+            assert 1 <= len(batch) <= 5
+            seen.update(" ".join(sentence) for sentence in batch)
+    # Every non-empty line is dealt to exactly one rank, once; lines of more than 5 words come as pieces of <= 5.
+    lines = [line.split() for path in files for line in open(path, encoding="utf-8") if line.strip()]
+    assert len(lines) == 75
+    assert seen == Counter(" ".join(words[i : i + 5]) for words in lines for i in range(0, len(words), 5))
+    assert streams[0].stats.empty_lines_skipped == 6 and streams[0].stats.long_lines_split == 3 * 9
+    assert streams[0].stats == streams[1].stats
+
+    # A stream restored from a state continues exactly like the original, across the epoch boundary.
+    state = streams[0].state_dict()
+    expected = [streams[0].next_batch() for _ in range(12)]
+    restored = SentenceBatchStream(files, str.split, 4, 3, rank=0, world_size=2, shuffle_window=20, max_words=5)
+    restored.load_state_dict(state)
+    assert [restored.next_batch() for _ in range(12)] == expected
+    other = SentenceBatchStream(files, str.split, 8, 3, rank=0, world_size=2, shuffle_window=20, max_words=5)
+    with pytest.raises(ValueError, match="made with batch_size=4, this run has 8"):
+        other.load_state_dict(state)
+
+
+def test_corpus_problems_are_clear_errors(tmp_path):
+    with pytest.raises(CorpusError, match=r"'.*nothing-\*\.txt' matches no file"):
+        resolve_shards([str(tmp_path / "nothing-*.txt")])
+    (tmp_path / "blank.txt").write_text("\n  \n\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=r"blank\.txt is empty \(no non-blank line\)"):
+        resolve_shards([str(tmp_path / "*.txt")])
+    (tmp_path / "blank.txt").unlink()
+    (tmp_path / "latin1.txt").write_bytes("fine\ncaf\xe9\n".encode("latin-1"))
+    stream = SentenceBatchStream(resolve_shards([str(tmp_path / "*.txt")]), str.split, 2, 0)
+    with pytest.raises(CorpusError, match=r"latin1\.txt:2: not UTF-8 text"):
+        stream.next_batch()
+
+
+def test_make_batch_labels_words_and_pads_with_minus_100(tmp_path):
+    vocab = write_vocab(["<S>", "</S>", "<UNK>", "the", "cat"], str(tmp_path / "vocab.txt"))
+    batch = make_batch(ElmoTokenizer(vocab_file=vocab), [["the", "cat", "ran"], ["cat"]])
+    assert batch["labels"].tolist() == [[3, 4, 2], [4, -100, -100]]
+    assert batch["input_ids"].shape == (2, 3, 50) and batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+# ------------------------------------------------------------------------------------------------ real runs
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Real English (Wikipedia sentences): 3600 for training, 400 held out."""
+    lines = english_text_sample().read_text(encoding="utf-8").splitlines()
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "train.txt").write_text("\n".join(lines[:3600]) + "\n", encoding="utf-8")
+    (root / "heldout.txt").write_text("\n".join(lines[3600:]) + "\n", encoding="utf-8")
+    (root / "tiny.json").write_text(json.dumps(TINY), encoding="utf-8")
+    return root
+
+
+def common_args(corpus, output_dir, *extra):
+    return [
+        "--train-files", str(corpus / "train.txt"), "--config", str(corpus / "tiny.json"),
+        "--output-dir", str(output_dir), "--max-sentence-words", "30", "--seed", "1", *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    """An in-process run: build the vocabulary, 30 AdamW steps, perplexity at steps 0, 15 and 30, TensorBoard."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    output = tmp_path_factory.mktemp("trained") / "run"
+    messages = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("hf_elmo.pretraining")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    code = pretrain_main(common_args(
+        corpus, output, "--build-vocab", "--min-count", "2", "--eval-file", str(corpus / "heldout.txt"),
+        "--eval-max-sentences", "200", "--num-softmax-samples", "512", "--batch-size", "16",
+        "--optimizer", "adamw", "--learning-rate", "2e-2", "--max-steps", "30", "--eval-steps", "15",
+        "--logging-steps", "10", "--save-steps", "15",
+    ))
+    logger.removeHandler(handler)
+    logger.setLevel(logging.NOTSET)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    assert code == 0
+    (output / "test_log.txt").write_text("\n".join(messages), encoding="utf-8")
+    return output
+
+
+def test_training_on_english_lowers_heldout_perplexity(trained, corpus, caplog):
+    results = json.loads((trained / "eval_results.json").read_text())
+    vocab = (trained / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert vocab[:3] == ["<S>", "</S>", "<UNK>"] and 3000 < len(vocab) < 10000
+    log = (trained / "test_log.txt").read_text(encoding="utf-8")
+    perplexities = [tuple(map(float, m)) for m in re.findall(r"perplexity forward ([\d.]+), backward ([\d.]+)", log)]
+    assert [int(s) for s in re.findall(r"step (\d+): held-out", log)] == [0, 15, 30]
+    # Untrained, the model is uniform over the vocabulary; 30 steps take it far below that, step by step.
+    assert perplexities[0][0] == pytest.approx(len(vocab), rel=1e-3)
+    assert perplexities[0] > perplexities[1] > perplexities[2]
+    assert perplexities[2][0] < 0.15 * perplexities[0][0] and perplexities[2][1] < 0.15 * perplexities[0][1]
+    assert results["step"] == 30
+    assert results["eval/forward_perplexity"] == pytest.approx(perplexities[2][0], abs=0.01)
+
+    # The folder loads with the Auto classes, and recomputing the held-out perplexity gives the logged number.
+    tokenizer = AutoTokenizer.from_pretrained(trained)
+    model = AutoModelForPreTraining.from_pretrained(trained).eval()
+    assert type(model) is ElmoForPreTraining and type(AutoModel.from_pretrained(trained)) is ElmoModel
+    # The same 200 held-out sentences (lines cut at --max-sentence-words 30), in other batches: same perplexity.
+    sentences, _ = read_eval_sentences(str(corpus / "heldout.txt"), tokenizer.tokenize, 30, 200)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(sentences), 50):
+            output = model(**make_batch(tokenizer, sentences[i : i + 50]))
+            total += float(output.forward_loss) * int(output.num_predictions)
+            count += int(output.num_predictions)
+    assert math.exp(total / count) == pytest.approx(results["eval/forward_perplexity"], rel=1e-4)
+
+    events = [f for _, _, files in os.walk(trained / "logs") for f in files if f.startswith("events.out.tfevents")]
+    assert events, "no TensorBoard event file under logs/"
+    assert os.path.isfile(trained / "checkpoint-15" / "optimizer.bin")
+    assert not [name for name in os.listdir(trained) if name.endswith(".partial")]
+
+
+def test_export_to_bilm_tf_and_back_is_bit_exact(trained, tmp_path):
+    from hf_elmo.convert import convert_bilm_tf_to_hf
+
+    script = os.path.join(REPO_ROOT, "conversion", "convert_hf_to_bilm_tf.py")
+    result = subprocess.run([sys.executable, script, str(trained), "--output", str(tmp_path / "bilm")],
+                            capture_output=True, text=True, env=_env())
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(tmp_path / "bilm")) == ["options.json", "vocab.txt", "weights.hdf5"]
+    assert (tmp_path / "bilm" / "vocab.txt").read_bytes() == (trained / "vocab.txt").read_bytes()
+    back = convert_bilm_tf_to_hf(str(tmp_path / "bilm" / "options.json"), str(tmp_path / "bilm" / "weights.hdf5"),
+                                 str(tmp_path / "back"), progress=False)
+    original = {k.removeprefix("elmo."): v for k, v in load_file(trained / "model.safetensors").items()
+                if k.startswith("elmo.")}
+    returned = load_file(os.path.join(back, "model.safetensors"))
+    assert sorted(returned) == sorted(original)
+    for name, tensor in original.items():
+        assert torch.equal(returned[name], tensor), name
+
+
+def test_init_from_converted_bilm_tf_keeps_the_encoder(converted_dir, elmo_fixture, corpus, tmp_path):
+    # Learning rate 0: the run must end with exactly the converted biLM, plus a fresh softmax over its vocabulary.
+    code = pretrain_main([
+        "--train-files", str(corpus / "heldout.txt"), "--init-from", str(converted_dir), "--output-dir",
+        str(tmp_path / "adapted"), "--max-steps", "2", "--batch-size", "4", "--learning-rate", "0",
+        "--max-sentence-words", "20", "--report-to", "none",
+    ])
+    assert code == 0
+    adapted = load_file(tmp_path / "adapted" / "model.safetensors")
+    for name, tensor in load_file(converted_dir / "model.safetensors").items():
+        assert torch.equal(adapted["elmo." + name], tensor), name
+    assert adapted["softmax.weight"].shape == (458, 16)  # vocab_test.txt: 458 words
+    config = json.loads((tmp_path / "adapted" / "config.json").read_text())
+    assert (config["vocab_size"], config["bos_word_id"], config["eos_word_id"]) == (458, 20, 224)
+
+
+def test_nan_loss_stops_with_a_checkpoint(corpus, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="hf_elmo")
+    output = tmp_path / "diverged"
+    code = pretrain_main(common_args(
+        corpus, output, "--build-vocab", "--optimizer", "adamw", "--learning-rate", "1e30", "--max-steps", "5",
+        "--batch-size", "4", "--report-to", "none",
+    ))
+    assert code == 1
+    message = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"][-1]
+    assert re.search(r"step 2: the gradient norm is (nan|inf) .*training stopped", message)
+    assert "checkpoint-1 holds the model and optimizer from before this step" in message
+    assert os.path.isfile(output / "checkpoint-1" / "model.safetensors")
+    assert not os.path.exists(output / "model.safetensors")
+    weights = load_file(output / "checkpoint-1" / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def test_run_errors_and_empty_lines(corpus, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="hf_elmo")
+    args = ["--config", str(corpus / "tiny.json"), "--max-steps", "3", "--report-to", "none"]
+    assert pretrain_main(["--train-files", str(corpus / "train.txt"), "--output-dir", str(tmp_path / "a"), *args]) == 1
+    assert "no word vocabulary: pass --vocab FILE" in caplog.text
+    assert pretrain_main(["--train-files", str(corpus / "train.txt"), "--vocab", str(tmp_path / "missing.txt"),
+                          "--output-dir", str(tmp_path / "b"), *args]) == 1
+    assert "--vocab: " + str(tmp_path / "missing.txt") + " does not exist" in caplog.text
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    assert pretrain_main(["--train-files", str(tmp_path / "empty.txt"), "--build-vocab",
+                          "--output-dir", str(tmp_path / "c"), *args]) == 1
+    assert "empty.txt is empty (no non-blank line)" in caplog.text
+
+    # Empty lines are skipped and counted; an epoch here is 9 sentences, so 3 steps of 4 cover one.
+    (tmp_path / "gappy.txt").write_text("a b\n\nc d e\n\n\nf\n" + "g h\n" * 6, encoding="utf-8")
+    caplog.clear()
+    assert pretrain_main(["--train-files", str(tmp_path / "gappy.txt"), "--build-vocab", "--batch-size", "4",
+                          "--output-dir", str(tmp_path / "d"), *args]) == 0
+    assert "Finished epoch 0: 9 sentences so far; skipped 3 empty line(s)" in caplog.text
+    # A finished run is not silently overwritten.
+    assert pretrain_main(["--train-files", str(tmp_path / "gappy.txt"), "--build-vocab",
+                          "--output-dir", str(tmp_path / "d"), *args]) == 1
+    assert "already holds a run (training_args.json); pass --resume" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------------ multi-process
+def _env():
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1",
+           "ACCELERATE_USE_CPU": "1"}
+    env.pop("ACCELERATE_MIXED_PRECISION", None)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(corpus, vocab, output, *extra):
+    """`accelerate launch` with 2 CPU processes (gloo), bf16: the command the README gives."""
+    return [
+        sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--main_process_port", str(_free_port()), "--mixed_precision", "bf16",
+        "--dynamo_backend", "no", "-m", "hf_elmo.pretraining",
+        *common_args(corpus, output, "--vocab", str(vocab), "--num-softmax-samples", "256", "--batch-size", "8",
+                     "--max-steps", "12", "--save-steps", "4", "--logging-steps", "4", "--eval-steps", "4",
+                     "--eval-file", str(corpus / "heldout.txt"), "--eval-max-sentences", "32",
+                     "--gradient-accumulation-steps", "2", "--report-to", "none", *extra),
+    ]
+
+
+@pytest.fixture(scope="module")
+def two_process_run(trained, corpus, tmp_path_factory):
+    output = tmp_path_factory.mktemp("ddp") / "reference"
+    result = subprocess.run(_launch(corpus, trained / "vocab.txt", output), capture_output=True, text=True,
+                            env=_env(), timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return output, result.stdout + result.stderr
+
+
+def test_two_cpu_processes_train_one_model(two_process_run):
+    output, log = two_process_run
+    assert "World size 2 (MULTI_CPU), device cpu" in log and "mixed precision bf16" in log
+    assert "Weights identical on all 2 process(es)" in log  # each rank hashed its own weights, gathered, compared
+    assert os.path.isfile(output / "model.safetensors")
+    assert json.loads((output / "eval_results.json").read_text())["step"] == 12
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (torchrun starts each worker in a session of its own, so killpg misses them)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill_tree(pid: int) -> None:
+    for process in [pid, *_descendants(pid)]:
+        try:
+            os.kill(process, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the worker processes through /proc")
+def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
+    reference_dir, _ = two_process_run
+    output = reference_dir.parent / "killed"
+    process = subprocess.Popen(_launch(corpus, trained / "vocab.txt", output), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=_env())
+    workers = []
+    try:
+        for line in process.stdout:
+            if "Saved checkpoint" in line and line.rstrip().endswith("checkpoint-4"):
+                workers = [p for p in _descendants(process.pid) if "hf_elmo.pretraining" in _cmdline(p)]
+                _kill_tree(process.pid)  # the launcher and both workers, mid-training: a crashed machine
+                break
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            _kill_tree(process.pid)
+            process.wait()
+    assert process.returncode == -signal.SIGKILL and len(workers) == 2
+    deadline = time.monotonic() + 30
+    while any(_alive(worker) for worker in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(worker) for worker in workers)
+    assert not os.path.exists(output / "model.safetensors") and not os.path.exists(output / "checkpoint-8")
+
+    result = subprocess.run(_launch(corpus, trained / "vocab.txt", output, "--resume"), capture_output=True,
+                            text=True, env=_env(), timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"Resumed from {output / 'checkpoint-4'}: step 4" in result.stdout + result.stderr
+    reference = load_file(reference_dir / "model.safetensors")
+    resumed = load_file(output / "model.safetensors")
+    worst = max(float((reference[k] - resumed[k]).abs().max()) for k in reference)
+    assert worst <= 1e-6
+    assert json.loads((output / "eval_results.json").read_text()) == json.loads(
+        (reference_dir / "eval_results.json").read_text())
