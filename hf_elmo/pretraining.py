@@ -341,7 +341,7 @@ def train(args) -> dict:
     from accelerate.utils import ProjectConfiguration, gather_object, set_seed
     from tqdm.auto import tqdm
 
-    from .pretraining_data import SentenceBatchStream, read_eval_sentences, resolve_shards
+    from .pretraining_data import CorpusError, SentenceBatchStream, read_eval_sentences, resolve_shards
     from .tokenization_elmo import ElmoTokenizer
 
     accelerator = Accelerator(
@@ -384,9 +384,11 @@ def train(args) -> dict:
     if args.eval_file:
         from .pretraining_data import make_batch
 
+        eval_files = resolve_shards(args.eval_file, what="--eval-file")
+        if len(eval_files) != 1:
+            raise CorpusError(f"--eval-file must name one file; {args.eval_file!r} matches {len(eval_files)}.")
         eval_sentences, empty = read_eval_sentences(
-            resolve_shards(args.eval_file, what="--eval-file")[0], split_words, args.max_sentence_words,
-            args.eval_max_sentences,
+            eval_files[0], split_words, args.max_sentence_words, args.eval_max_sentences
         )
         if empty:
             logger.info("--eval-file: skipped %d empty line(s)", empty)
