@@ -6,9 +6,14 @@ Training data is real CoNLL-2003-format text (allennlp's fixture `data/conll2003
 
 import json
 import math
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import (
     AutoModel,
     AutoModelForSequenceClassification,
@@ -22,6 +27,11 @@ from transformers import (
 
 from hf_elmo import ElmoConfig, ElmoForSequenceClassification, ElmoForTokenClassification, ElmoScalarMix
 from hf_elmo.finetuning import build_label_map, entity_scores, read_conll
+
+import token_training
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +230,26 @@ def test_gradient_accumulation_gives_the_loss_of_one_big_batch(converted_dir, to
     assert abs(float(whole) - float(sum(halves)) / 2) > 1e-3
 
 
+def test_two_processes_with_accumulation_match_one_big_batch(converted_dir, fixtures_root, tmp_path):
+    conll = fixtures_root / "data" / "conll2003.txt"
+    reference = token_training.train(converted_dir, conll, str(tmp_path / "one"), per_device=4, accumulation=1)
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes",
+               "2", "--num_machines", "1", "--main_process_port", str(port.getsockname()[1]), "--dynamo_backend", "no",
+               token_training.__file__, str(converted_dir), str(conll), str(tmp_path / "two"), "1", "2"]
+    port.close()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.path.dirname(token_training.__file__)]),
+           "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "two" / "run.json").read_text())["world_size"] == 2
+    distributed = load_file(tmp_path / "two" / "weights.safetensors")
+    assert not torch.equal(distributed["encoder.mix.scalar_weights"], torch.zeros(3))
+    for name, tensor in reference.items():
+        assert torch.allclose(tensor, distributed[name], atol=1e-6), name
+
+
 def test_checkpoint_and_resume_reproduce_the_uninterrupted_run(converted_dir, tokenizer, conll, tmp_path):
     sentences, id2label = conll
     features = token_features(tokenizer, sentences, id2label) * 2
@@ -299,8 +329,8 @@ def test_trainer_overfits_sequence_classification(converted_dir, tokenizer, real
     features = [{**tokenizer(text), "labels": label} for text, label in zip(texts, labels)]
     model = AutoModelForSequenceClassification.from_pretrained(
         converted_dir, id2label={0: "no_number", 1: "number"}, label2id={"no_number": 0, "number": 1}, mix_dropout=0.0)
-    trainer = Trainer(model=model, args=training_args(tmp_path, num_train_epochs=60, learning_rate=0.1, per_device_train_batch_size=10),
-                      train_dataset=features, data_collator=DataCollatorWithPadding(tokenizer))
+    args = training_args(tmp_path, num_train_epochs=60, learning_rate=0.1, per_device_train_batch_size=10)
+    trainer = Trainer(model=model, args=args, train_dataset=features, data_collator=DataCollatorWithPadding(tokenizer))
     trainer.train()
     prediction = trainer.predict(features)
     assert prediction.predictions.argmax(-1).tolist() == labels

@@ -13,11 +13,10 @@ from transformers import (
     AutoTokenizer,
     DataCollatorForTokenClassification,
     DataCollatorWithPadding,
-    Trainer,
-    TrainingArguments,
     pipeline,
 )
 
+from hf_elmo import ElmoForSequenceClassification
 from hf_elmo.finetuning import TaggedSentence, build_label_map, read_conll
 from hf_elmo.pipeline_elmo import ElmoTokenClassificationPipeline
 
@@ -36,12 +35,26 @@ TEXT_WORDS = [("Joel", 0, 4), ("Grus", 5, 9), ("lives", 11, 16), ("in", 17, 19),
 OTHER = "U.N. official Ekeus heads for Baghdad ."
 
 
-def train(model, features, collator, tmp_path, epochs, learning_rate):
-    args = TrainingArguments(str(tmp_path / "trainer"), num_train_epochs=epochs, per_device_train_batch_size=4,
-                             learning_rate=learning_rate, report_to="none", save_strategy="no", disable_tqdm=True, use_cpu=True,
-                             seed=0)
-    Trainer(model=model, args=args, train_dataset=features, data_collator=collator).train()
-    return model.eval()
+def fit_classifier(model, features, collator, steps=300):
+    """
+    Fit the head's classifier to its training data in a few milliseconds: the biLM is frozen and the mix stays even,
+    so the features are computed once and full-batch Adam runs on them (the Trainer is tested in test_heads.py).
+    """
+    model.eval()
+    batch = collator(features)
+    labels = batch.pop("labels")
+    with torch.no_grad():
+        features = model.encoder(*model.elmo_layers(batch["input_ids"], batch["attention_mask"]))
+        if isinstance(model, ElmoForSequenceClassification):
+            features = model.pool(features, batch["attention_mask"].bool())
+    labelled = labels != -100
+    optimizer = torch.optim.Adam(model.classifier.parameters(), lr=0.1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model.classifier(features)[labelled], labels[labelled])
+        loss.backward()
+        optimizer.step()
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +67,14 @@ def ner_folder(converted_dir, fixtures_root, tmp_path_factory):
     tokenizer = AutoTokenizer.from_pretrained(converted_dir)
     features = [{**tokenizer(s.words, is_split_into_words=True), "labels": [label2id[t] for t in s.tags]}
                 for s in sentences]
-    model = AutoModelForTokenClassification.from_pretrained(converted_dir, id2label=id2label, label2id=label2id,
-                                                            mix_dropout=0.0)
-    folder = tmp_path_factory.mktemp("ner") / "elmo-ner"
-    train(model, features, DataCollatorForTokenClassification(tokenizer), folder, epochs=100, learning_rate=0.1)
+    model = AutoModelForTokenClassification.from_pretrained(converted_dir, id2label=id2label, label2id=label2id)
+    fit_classifier(model, features, DataCollatorForTokenClassification(tokenizer))
     with torch.no_grad():
         predicted = model(**DataCollatorForTokenClassification(tokenizer)(features)).logits.argmax(-1)
     assert [[id2label[int(i)] for i in row[: len(s.tags)]] for row, s in zip(predicted, sentences)] == [
         s.tags for s in sentences
     ]
+    folder = tmp_path_factory.mktemp("ner") / "elmo-ner"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -75,11 +87,10 @@ def sentiment_folder(converted_dir, tmp_path_factory):
              "Even so , Democrats slammed Bush as out of touch ."]
     labels = [1, 0, 1, 0]
     model = AutoModelForSequenceClassification.from_pretrained(
-        converted_dir, id2label={0: "NEGATIVE", 1: "POSITIVE"}, label2id={"NEGATIVE": 0, "POSITIVE": 1},
-        mix_dropout=0.0)
+        converted_dir, id2label={0: "NEGATIVE", 1: "POSITIVE"}, label2id={"NEGATIVE": 0, "POSITIVE": 1})
+    fit_classifier(model, [{**tokenizer(t), "labels": y} for t, y in zip(texts, labels)],
+                   DataCollatorWithPadding(tokenizer))
     folder = tmp_path_factory.mktemp("sentiment") / "elmo-sentiment"
-    train(model, [{**tokenizer(t), "labels": y} for t, y in zip(texts, labels)], DataCollatorWithPadding(tokenizer),
-          folder, epochs=40, learning_rate=0.05)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
