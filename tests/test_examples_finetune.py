@@ -12,10 +12,11 @@ import subprocess
 import sys
 
 import pytest
-from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification
+from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
 
 from hf_elmo.finetuning import (
     DataFileError,
+    TaggedSentence,
     classification_scores,
     entity_scores,
     entity_spans,
@@ -168,6 +169,19 @@ def test_token_example_rejects_unknown_labels_and_reports_the_line(converted_dir
     assert (f"error: {dev}:8: label 'I-MISC' is not one of the model's labels ['I-LOC', 'I-ORG', 'I-PER', 'O']"
             in result.stderr)
     assert not (tmp_path / "out").exists()
+
+
+def test_token_example_rejects_word_and_tag_count_mismatches(token_example, converted_dir):
+    tokenizer = AutoTokenizer.from_pretrained(converted_dir)
+    label2id = {"O": 0, "I-PER": 1}
+    row = TaggedSentence(["Joel", "lives", "here"], ["I-PER", "O"], "conll2003[train]", 41, from_file=False)
+    with pytest.raises(DataFileError, match=r"conll2003\[train\] row 41 word 0: the sentence has 3 words but 2 tags"):
+        token_example.encode(tokenizer, [row], label2id)
+    row.tags.append("I-LOC")
+    with pytest.raises(DataFileError, match=r"conll2003\[train\] row 41 word 2: label 'I-LOC' is not one of"):
+        token_example.encode(tokenizer, [row], label2id)
+    row.tags[2] = "O"
+    assert token_example.encode(tokenizer, [row], label2id)[0]["labels"] == [1, 0, 0]
 
 
 def test_text_file_reader_errors(tmp_path):
