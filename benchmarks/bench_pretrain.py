@@ -72,6 +72,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=16, help="sentences per process per step")
     args = parser.parse_args()
     corpus = str(english_text_sample())
+    load_before = os.getloadavg()[0]  # other work on the machine skews CPU timings; say how busy it was
     with tempfile.TemporaryDirectory() as workdir:
         results = {str(n): run(n, args, corpus, workdir) for n in (1, 2)}
         vocab_size = sum(1 for _ in open(os.path.join(workdir, "run-1", "vocab.txt"), encoding="utf-8"))
@@ -88,6 +89,7 @@ def main():
         "steps": args.steps,
         "processes": results,
         "speedup_2_vs_1": round(results["2"]["tokens_per_second"] / results["1"]["tokens_per_second"], 3),
+        "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }))
 
 

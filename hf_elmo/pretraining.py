@@ -321,7 +321,7 @@ def prepare_output_dir(args, accelerator) -> str | None:
             "continue it, or choose another --output-dir."
         )
     if args.resume and checkpoint is None:
-        logger.info("--resume: no checkpoint in %s yet, starting from step 0", args.output_dir)
+        logger.warning("--resume: no checkpoint in %s yet, starting from step 0", args.output_dir)
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
     accelerator.wait_for_everyone()
