@@ -44,12 +44,14 @@ def run(processes: int, args, corpus: str, workdir: str) -> dict:
         # some windows all-short and others all-long).
         "--no-group-by-length",
     ]
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1"}
+    # Both settings use all the cores: one process with every core as a thread, or one thread per process.
+    threads = max(1, os.cpu_count() // processes)
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1",
+           "OMP_NUM_THREADS": str(threads)}
     if processes == 1:
         command = [sys.executable, *train]
     else:
-        # One thread per process, so that both settings use the machine's cores.
-        env.update(ACCELERATE_USE_CPU="1", OMP_NUM_THREADS=str(max(1, os.cpu_count() // processes)))
+        env.update(ACCELERATE_USE_CPU="1")
         command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu",
                    "--num_processes", str(processes), "--num_machines", "1", "--main_process_port", str(free_port()),
                    "--dynamo_backend", "no", "--mixed_precision", "no", *train]
@@ -62,7 +64,8 @@ def run(processes: int, args, corpus: str, workdir: str) -> dict:
     if int(world.group(1)) != processes or len(rates) < 2:
         raise SystemExit(f"unexpected log of the {processes}-process run:\n{log[-4000:]}")
     measured = rates[1:]  # the first window includes start-up
-    return {"tokens_per_second": round(sum(measured) / len(measured), 1), "windows": [round(r, 1) for r in measured]}
+    return {"threads_per_process": threads, "tokens_per_second": round(sum(measured) / len(measured), 1),
+            "windows": [round(r, 1) for r in measured]}
 
 
 def main():
