@@ -457,13 +457,24 @@ def _launch(corpus, vocab, output, *extra):
     ]
 
 
+def _run_launch(command, timeout=300) -> tuple[int, str]:
+    """Run `accelerate launch`; on a timeout or an interrupt, kill the workers too (they have sessions of their own)."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            _kill_tree(process.pid)
+            process.wait()
+    return process.returncode, output
+
+
 @pytest.fixture(scope="module")
 def two_process_run(trained, corpus, tmp_path_factory):
     output = tmp_path_factory.mktemp("ddp") / "reference"
-    result = subprocess.run(_launch(corpus, trained / "vocab.txt", output), capture_output=True, text=True,
-                            env=_env(), timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return output, result.stdout + result.stderr
+    code, log = _run_launch(_launch(corpus, trained / "vocab.txt", output))
+    assert code == 0, log[-6000:]
+    return output, log
 
 
 def test_two_cpu_processes_train_one_model(two_process_run):
@@ -477,7 +488,7 @@ def test_two_cpu_processes_train_one_model(two_process_run):
 def _descendants(pid: int) -> list[int]:
     """Every process below `pid` (torchrun starts each worker in a session of its own, so killpg misses them)."""
     children = {}
-    for entry in os.listdir("/proc"):
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as handle:
@@ -523,9 +534,10 @@ def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
     output = reference_dir.parent / "killed"
     process = subprocess.Popen(_launch(corpus, trained / "vocab.txt", output), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, env=_env())
-    workers = []
+    workers, lines = [], []
     try:
         for line in process.stdout:
+            lines.append(line)
             if "Saved checkpoint" in line and line.rstrip().endswith("checkpoint-4"):
                 workers = [p for p in _descendants(process.pid) if "hf_elmo.pretraining" in _cmdline(p)]
                 _kill_tree(process.pid)  # the launcher and both workers, mid-training: a crashed machine
@@ -535,17 +547,16 @@ def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
         if process.poll() is None:
             _kill_tree(process.pid)
             process.wait()
-    assert process.returncode == -signal.SIGKILL and len(workers) == 2
+    assert process.returncode == -signal.SIGKILL and len(workers) == 2, "".join(lines)[-6000:]
     deadline = time.monotonic() + 30
     while any(_alive(worker) for worker in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(worker) for worker in workers)
     assert not os.path.exists(output / "model.safetensors") and not os.path.exists(output / "checkpoint-8")
 
-    result = subprocess.run(_launch(corpus, trained / "vocab.txt", output, "--resume"), capture_output=True,
-                            text=True, env=_env(), timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert f"Resumed from {output / 'checkpoint-4'}: step 4" in result.stdout + result.stderr
+    code, log = _run_launch(_launch(corpus, trained / "vocab.txt", output, "--resume"))
+    assert code == 0, log[-6000:]
+    assert f"Resumed from {output / 'checkpoint-4'}: step 4" in log
     reference = load_file(reference_dir / "model.safetensors")
     resumed = load_file(output / "model.safetensors")
     worst = max(float((reference[k] - resumed[k]).abs().max()) for k in reference)
