@@ -4,6 +4,8 @@ Data flows top to bottom in this file: char ids -> `ElmoCharacterEncoder` (char 
 projection) -> `ElmoBiLstm` (stacked `ElmoLstmLayer`s per direction) -> `ElmoModel`.
 """
 
+import functools
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +61,53 @@ class ElmoHighway(nn.Module):
         return gate * torch.relu(self.transform(hidden)) + (1 - gate) * hidden
 
 
+class ElmoTokenCache:
+    """
+    A bounded least-recently-used memo of token-layer vectors, keyed by a word's char-id row. Valid because the
+    token layer is context-free: a word's vector depends on its characters and the char-encoder weights only.
+    Entries are dropped whenever those weights change (in place, or replaced, or cast), so it never serves stale
+    vectors; it is bypassed whenever gradients are needed. Memory: `max_words * projection_dim` values.
+    """
+
+    def __init__(self, max_words: int):
+        if isinstance(max_words, bool) or not isinstance(max_words, int) or max_words <= 0:
+            raise ValueError(f"max_words must be a positive integer, got {max_words!r}.")
+        self.max_words = max_words
+        self.hits = self.misses = 0
+        self._entries: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._weights_key = None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self):
+        self._entries.clear()
+
+    def vectors(self, encoder: "ElmoCharacterEncoder", char_ids: torch.Tensor) -> torch.Tensor:
+        """Token vectors of `char_ids` rows (distinct), computing only the rows not cached."""
+        weights_key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in encoder.parameters())
+        if weights_key != self._weights_key:
+            self._entries.clear()
+            self._weights_key = weights_key
+        keys = [tuple(row) for row in char_ids.tolist()]
+        found = [self._entries.get(key) for key in keys]
+        missing = [i for i, vector in enumerate(found) if vector is None]
+        self.hits += len(keys) - len(missing)
+        self.misses += len(missing)
+        for key, vector in zip(keys, found):
+            if vector is not None:
+                self._entries.move_to_end(key)
+        if missing:
+            # Each entry is its own copy, so evicting it frees it (a view would keep the whole batch alive).
+            computed = encoder._token_vectors(char_ids[missing])
+            for i, vector in zip(missing, computed.unbind()):
+                found[i] = vector
+                self._entries[keys[i]] = vector.clone()
+            while len(self._entries) > self.max_words:
+                self._entries.popitem(last=False)
+        return torch.stack(found)
+
+
 class ElmoCharacterEncoder(nn.Module):
     """Char ids of words `(num_words, max_characters_per_token)` -> token vectors `(num_words, projection_dim)`."""
 
@@ -78,12 +127,99 @@ class ElmoCharacterEncoder(nn.Module):
             self.projection = nn.Identity()
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        if self.use_fast_path:
+            return self._fast_forward(char_ids)
+        # The reference path: the specification of the token layer, and the oracle of the fast path's tests.
         chars = self.char_embeddings(char_ids).transpose(1, 2)  # (words, char_dim, chars)
         pooled = torch.cat([conv(chars).amax(dim=-1) for conv in self.convolutions], dim=-1)
         hidden = self.activation(pooled)
         for highway in self.highways:
             hidden = highway(hidden)
         return self.projection(hidden)
+
+    # Fast path (the default): the same function as the reference path above, on the same parameters, computed
+    # with fewer and better-shaped operations. Select the reference path with `use_fast_path = False`.
+    use_fast_path = True
+    # Window positions per convolution matmul: bounds the (positions, n_filters) activation (~16 MB in fp32).
+    conv_chunk_positions = 1024
+
+    # An `ElmoTokenCache` once `enable_token_cache` was called (opt-in; used by the fast path only).
+    token_cache = None
+
+    def enable_token_cache(self, max_words: int = 100_000):
+        """Memoise token vectors of up to `max_words` words (LRU) across calls, for inference on fixed weights."""
+        self.token_cache = ElmoTokenCache(max_words)
+
+    def disable_token_cache(self):
+        self.token_cache = None
+
+    def _fast_forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        # A word's vector depends on its characters only, so each distinct word is computed once per call.
+        distinct, inverse = torch.unique(char_ids, dim=0, return_inverse=True)
+        needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
+        if self.token_cache is None or needs_grad:
+            return self._token_vectors(distinct)[inverse]
+        return self.token_cache.vectors(self, distinct)[inverse]
+
+    def _token_vectors(self, char_ids: torch.Tensor) -> torch.Tensor:
+        pooled = self._pooled_convolutions(char_ids)
+        hidden = self.activation(pooled + torch.cat([conv.bias for conv in self.convolutions]))
+        for highway in self.highways:
+            hidden = highway(hidden)
+        return self.projection(hidden)
+
+    def _conv_kernel(self) -> torch.Tensor:
+        """All filters as one `(widest * char_dim, n_filters)` matrix, each zero-padded to the widest width."""
+        widest = max(conv.kernel_size[0] for conv in self.convolutions)
+        # Conv1d weight (n, char_dim, width) -> (width, char_dim, n), with zero taps past the filter's width.
+        taps = [
+            nn.functional.pad(conv.weight.permute(2, 1, 0), (0, 0, 0, 0, 0, widest - conv.kernel_size[0]))
+            for conv in self.convolutions
+        ]
+        return torch.cat(taps, dim=-1).flatten(0, 1)
+
+    def _pooled_convolutions(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """
+        Max-pooled convolutions (before bias and activation) of `(words, chars)` ids, as im2col matmuls.
+
+        A word's row ends in a run of one repeated id (the padding char). Every window that lies inside that run
+        is the same window, so the max needs only the windows starting before the run plus the first one inside
+        it: a 5-byte word needs 8 of the 50 positions. Words are sorted by that count and chunked, and each chunk
+        computes as many positions as its longest word (extra positions repeat the run's window, which does not
+        change the max). Each chunk is ONE matmul of every position's widest window (flattened) by all filters.
+        """
+        num_words, num_chars = char_ids.shape
+        widths = [conv.kernel_size[0] for conv in self.convolutions]
+        widest = max(widths)
+        kernel = self._conv_kernel()
+        # Positions needed per word: up to and including the first window that starts inside the trailing run.
+        position = torch.arange(1, num_chars + 1, device=char_ids.device)
+        run_start = ((char_ids != char_ids[:, -1:]) * position).amax(dim=1)
+        needed, order = torch.sort((run_start + 1).clamp(max=num_chars))
+        needed = needed.tolist()
+        pooled, start = [], 0
+        while start < num_words:
+            # The chunk's positions are those of its longest (last) word.
+            end = start + 1
+            while end < num_words and (end + 1 - start) * needed[end] <= self.conv_chunk_positions:
+                end += 1
+            positions = needed[end - 1]
+            ids = char_ids[order[start:end], : min(num_chars, positions + widest - 1)]
+            chars = self.char_embeddings(ids)  # (words, chars, char_dim)
+            chars = nn.functional.pad(chars, (0, 0, 0, positions + widest - 1 - chars.shape[1]))
+            windows = chars.unfold(1, widest, 1).transpose(2, 3).flatten(2)  # (words, positions, widest*char_dim)
+            features = (windows.flatten(0, 1) @ kernel).view(end - start, positions, -1)
+            chunk, column = [], 0
+            for conv, width in zip(self.convolutions, widths):
+                # Only positions where the filter lies inside the row are valid (a "valid" convolution).
+                valid = min(positions, num_chars - width + 1)
+                chunk.append(features[:, :valid, column : column + conv.out_channels].amax(dim=1))
+                column += conv.out_channels
+            pooled.append(torch.cat(chunk, dim=-1))
+            start = end
+        if not pooled:
+            return kernel.new_zeros(0, kernel.shape[1])
+        return torch.cat(pooled)[torch.argsort(order)]
 
 
 class ElmoLstmLayer(GradientCheckpointingLayer):
@@ -158,6 +294,9 @@ class ElmoBiLstm(nn.Module):
         tokens `(batch, time, projection_dim)`, mask `(batch, time)` prefix, state `(cell, hidden)` shaped
         `(layers, 2, batch, ·)`. Returns one `(batch, time, 2 * projection_dim)` tensor per layer and the final state.
         """
+        if self.use_fast_path:
+            return self._fast_forward(tokens, mask, state)
+        # The reference path: the specification of the biLSTM, and the oracle of the fast path's tests.
         lengths = mask.sum(dim=1)
         final_cells, final_hiddens, layer_outputs = [], [], []
         directions = []
@@ -179,6 +318,130 @@ class ElmoBiLstm(nn.Module):
         for forward_output, backward_output in zip(*directions):
             layer_outputs.append(torch.cat([forward_output, backward_output], dim=-1))
         return layer_outputs, (torch.stack(final_cells, dim=1), torch.stack(final_hiddens, dim=1))
+
+    # Fast path (the default): the same function as the reference path above, on the same parameters. Both
+    # directions step together, and each step computes only the rows still reading: rows are sorted longest first
+    # and packed time-major, so those rows are a prefix. Select the reference path with `use_fast_path = False`.
+    use_fast_path = True
+    # Values of input gates computed at once (both directions): larger blocks reuse each weight read for more
+    # positions (faster), smaller ones bound the memory; 4M values (16 MB in fp32) is 128 positions of "original".
+    input_gates_block_values = 1 << 22
+
+    def _fast_forward(
+        self, tokens: torch.Tensor, mask: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        batch_size, num_steps, width = tokens.shape
+        lengths = mask.sum(dim=1)
+        order = torch.argsort(lengths, descending=True, stable=True)
+        sorted_lengths = lengths[order]
+        host_lengths = sorted_lengths.tolist()
+        # rows_at[t]: how many (sorted) rows read step t.
+        rows_at, rows = [], batch_size
+        for step in range(host_lengths[0] if host_lengths else 0):
+            while host_lengths[rows - 1] <= step:
+                rows -= 1
+            rows_at.append(rows)
+        # Packed time-major order: step 0 of every reading row, then step 1, ... Each position's source in the
+        # padded (batch * time) layout: forward reads step t, backward reads step length - 1 - t.
+        reading = torch.arange(len(rows_at), device=tokens.device)[:, None] < sorted_lengths
+        step_index, row_index = reading.nonzero(as_tuple=True)
+        source = order[row_index] * num_steps
+        forward_source = source + step_index
+        backward_source = source + sorted_lengths[row_index] - 1 - step_index
+        flat = tokens.reshape(batch_size * num_steps, width)
+        layer_input = torch.stack([flat[forward_source], flat[backward_source]])  # (2, positions, width)
+
+        packed_outputs, final_cells, final_hiddens = [], [], []
+        for index in range(len(self.forward_layers)):
+            initial = (state[0][index][:, order], state[1][index][:, order])
+            layer = self.forward_layers[index]
+            if layer.gradient_checkpointing and self.training:
+                run = functools.partial(self._fast_layer, index, rows_at=rows_at)
+                output, cell, hidden = layer._gradient_checkpointing_func(run, layer_input, *initial)
+            else:
+                output, cell, hidden = self._fast_layer(index, layer_input, *initial, rows_at=rows_at)
+            if index > 0 and self.use_skip_connections:
+                output = output + layer_input
+            packed_outputs.append(output)
+            final_cells.append(cell)
+            final_hiddens.append(hidden)
+            layer_input = output
+
+        # Unpack into the padded layout (zeros past each row's length), backward outputs back in reading order.
+        target = torch.cat([forward_source, backward_source])
+        half = torch.arange(2, device=tokens.device).repeat_interleave(forward_source.shape[0])
+        layer_outputs = [
+            output.new_zeros(batch_size * num_steps, 2, width)
+            .index_put_((target, half), output.flatten(0, 1))
+            .view(batch_size, num_steps, 2 * width)
+            for output in packed_outputs
+        ]
+        restore = torch.argsort(order)
+        return layer_outputs, (torch.stack(final_cells)[:, :, restore], torch.stack(final_hiddens)[:, :, restore])
+
+    def _fast_layer(
+        self, index: int, inputs: torch.Tensor, cell: torch.Tensor, hidden: torch.Tensor, rows_at: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """
+        Layer `index` of both directions on packed inputs `(2, positions, projection_dim)` from the initial state
+        `(2, batch, ·)` (rows sorted longest first). Returns the packed outputs and each row's final state.
+
+        Inside, vectors are columns (feature-major): the matmuls are then `weight @ states`, a shape that runs well
+        on few rows without copying the weights, and dropping finished rows is a column slice.
+        """
+        layers = (self.forward_layers[index], self.backward_layers[index])
+        cell_clip, proj_clip = layers[0].cell_clip, layers[0].proj_clip
+        lstm_dim = cell.shape[-1]
+        # TensorFlow's forget bias is folded into the stored bias once instead of being added at every step.
+        biases = [
+            torch.cat([b[: 2 * lstm_dim], b[2 * lstm_dim : 3 * lstm_dim] + FORGET_GATE_BIAS, b[3 * lstm_dim :]])[:, None]
+            for b in (layer.input_proj.bias for layer in layers)
+        ]
+        has_projection = isinstance(layers[0].output_proj, nn.Linear)
+        cell, hidden = cell.transpose(1, 2), hidden.transpose(1, 2)  # (2, ·, batch)
+        inputs = inputs.transpose(1, 2)  # (2, projection_dim, positions)
+
+        outputs, finished_cells, finished_hiddens = [], [], []
+        block_positions = max(1, self.input_gates_block_values // (8 * lstm_dim))
+        block_start = block_end = offset = 0
+        input_gates = None
+        for rows in rows_at:
+            if rows < hidden.shape[2]:
+                # Rows past their length: their state is final. (Copies, so as not to keep whole steps alive.)
+                finished_cells.append(cell[:, :, rows:].clone())
+                finished_hiddens.append(hidden[:, :, rows:].clone())
+                cell, hidden = cell[:, :, :rows], hidden[:, :, :rows]
+            if offset + rows > block_end:
+                # The input part of the gates, for the next block of positions at once.
+                block_start, block_end = offset, min(offset + block_positions, inputs.shape[2])
+                block_end = max(block_end, offset + rows)
+                input_gates = None
+                input_gates = [
+                    torch.addmm(biases[d], layer.input_proj.weight, inputs[d, :, block_start:block_end])
+                    for d, layer in enumerate(layers)
+                ]
+            step = slice(offset - block_start, offset - block_start + rows)
+            gates = torch.stack(
+                [
+                    torch.addmm(input_gates[d][:, step], layer.recurrent_proj.weight, hidden[d])
+                    for d, layer in enumerate(layers)
+                ]
+            )
+            in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=1)
+            cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(in_gate) * torch.tanh(candidate)
+            if cell_clip is not None:
+                cell = cell.clamp(-cell_clip, cell_clip)
+            hidden = torch.sigmoid(out_gate) * torch.tanh(cell)
+            if has_projection:
+                hidden = torch.stack([layer.output_proj.weight @ hidden[d] for d, layer in enumerate(layers)])
+            if proj_clip is not None:
+                hidden = hidden.clamp(-proj_clip, proj_clip)
+            outputs.append(hidden)
+            offset += rows
+        final_cell = torch.cat([cell, *reversed(finished_cells)], dim=2).transpose(1, 2)
+        final_hidden = torch.cat([hidden, *reversed(finished_hiddens)], dim=2).transpose(1, 2)
+        packed = torch.cat(outputs, dim=2) if outputs else hidden.new_zeros(2, hidden.shape[1], 0)
+        return packed.transpose(1, 2), final_cell, final_hidden
 
 
 class ElmoPreTrainedModel(PreTrainedModel):
@@ -308,8 +571,8 @@ class ElmoModel(ElmoPreTrainedModel):
         dtype = self.char_encoder.char_embeddings.weight.dtype
 
         # The char CNN runs on real words only, plus one <S> and one </S> for the whole batch.
-        boundary_vectors = self.char_encoder(self.boundary_char_ids(input_ids.device))
-        word_vectors = self.char_encoder(input_ids[mask])
+        vectors = self.char_encoder(torch.cat([self.boundary_char_ids(input_ids.device), input_ids[mask]]))
+        boundary_vectors, word_vectors = vectors[:2], vectors[2:]
 
         # Lay out every row as <S> w_1 .. w_n </S> followed by zero padding.
         sequence_mask = torch.arange(num_words + 2, device=mask.device) < (lengths[:, None] + 2)
@@ -326,10 +589,12 @@ class ElmoModel(ElmoPreTrainedModel):
             state = (state[0].to(dtype), state[1].to(dtype))
         lstm_outputs, final_state = self.bilstm(tokens, sequence_mask, state)
 
-        layers = [torch.cat([tokens, tokens], dim=-1) * sequence_mask[..., None], *lstm_outputs]
+        # Every layer is already zero past each row's </S> (tokens and LSTM outputs alike).
+        layers = [torch.cat([tokens, tokens], dim=-1), *lstm_outputs] if output_hidden_states else lstm_outputs[-1:]
         if keep_sentence_boundaries:
             out_mask = sequence_mask
         else:
+            # Dropping <S> and the last position leaves the </S> of shorter rows inside: mask it out.
             layers = [layer[:, 1:-1] * mask[..., None] for layer in layers]
             out_mask = mask
 

@@ -1,0 +1,325 @@
+"""The fast paths compute the same function as the reference (straightforward) paths.
+
+`ElmoCharacterEncoder` and `ElmoBiLstm` each run a fast implementation by default and the readable reference one
+with `use_fast_path = False`. These tests hold the fast paths to the reference on random weights scaled so that
+cell and projection clipping are active, with variable lengths, carried LSTM state, gradients, bf16, the token
+cache and a long sentence.
+"""
+
+import random
+import weakref
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from hf_elmo.configuration_elmo import ElmoConfig, word_to_char_ids
+from hf_elmo.modeling_elmo import ElmoBiLstm, ElmoCharacterEncoder, ElmoModel
+
+
+FILTERS = ((1, 4), (2, 4), (3, 8), (5, 8), (7, 16))
+
+
+def make_model(seed=0, lstm_dim=24, projection_dim=8, recurrent_std=0.2, **kwargs) -> ElmoModel:
+    """
+    A tiny model with released-style filter widths and random weights chosen so that clipping bites: open forget
+    gates and biased candidates make cells run into cell_clip, a large projection makes outputs hit proj_clip.
+    The recurrence stays contractive (small recurrent weights), as in trained models, so that rounding
+    differences between two correct implementations do not grow without bound over long sentences.
+    """
+    torch.manual_seed(seed)
+    config = ElmoConfig(
+        char_filters=FILTERS, n_highway=2, char_embedding_dim=4, lstm_dim=lstm_dim, projection_dim=projection_dim,
+        cell_clip=3.0, proj_clip=3.0, num_lstm_layers=2, **kwargs,
+    )
+    model = ElmoModel(config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            std = {"input_proj": 0.3, "recurrent_proj": recurrent_std, "output_proj": 1.5}.get(name.split(".")[-2], 0.2)
+            parameter.normal_(0.0, std)
+        model.char_encoder.char_embeddings.weight[0] = 0
+        for layer in [*model.bilstm.forward_layers, *model.bilstm.backward_layers]:
+            layer.input_proj.bias[lstm_dim : 2 * lstm_dim] += 2.0 * torch.randn(lstm_dim).sign()
+            layer.input_proj.bias[2 * lstm_dim : 3 * lstm_dim] += 3.0
+    return model.eval()
+
+
+def set_fast(model: ElmoModel, fast: bool):
+    model.char_encoder.use_fast_path = fast
+    model.bilstm.use_fast_path = fast
+
+
+def random_word(rng: random.Random) -> str:
+    length = rng.choice([1, 1, 2, 3, 5, 8, 13, 30, 48, 60])  # 60 bytes: cut to 48, no padding char at all
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyzé日😀,.") for _ in range(length))
+
+
+def make_batch(lengths, seed=0, vocabulary=None) -> torch.Tensor:
+    rng = random.Random(seed)
+    ids = torch.zeros(len(lengths), max(lengths), 50, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        for position in range(length):
+            word = rng.choice(vocabulary) if vocabulary else random_word(rng)
+            ids[row, position] = torch.tensor(word_to_char_ids(word))
+    return ids
+
+
+def run(model, ids, fast, **kwargs):
+    set_fast(model, fast)
+    try:
+        return model(ids, output_hidden_states=True, return_lstm_state=True, **kwargs)
+    finally:
+        set_fast(model, True)
+
+
+def max_diff(a, b) -> float:
+    return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model()
+
+
+def test_reference_flag_selects_the_reference_implementation(model, monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("fast path used")
+
+    monkeypatch.setattr(ElmoBiLstm, "_fast_forward", boom)
+    monkeypatch.setattr(ElmoCharacterEncoder, "_fast_forward", boom)
+    with torch.no_grad():
+        run(model, make_batch([3, 1]), fast=False)
+        with pytest.raises(AssertionError, match="fast path used"):
+            model(make_batch([3, 1]))
+
+
+def test_outputs_and_state_match_reference_with_clipping_active(model):
+    ids = make_batch([7, 1, 12, 4, 12, 2])
+    with torch.no_grad():
+        reference = run(model, ids, fast=False)
+        fast = run(model, ids, fast=True)
+        reference_kept = run(model, ids, fast=False, keep_sentence_boundaries=True)
+        fast_kept = run(model, ids, fast=True, keep_sentence_boundaries=True)
+    # Clipping really happens: many cells end at exactly +-cell_clip, many outputs at +-proj_clip.
+    cell, hidden = reference.lstm_state
+    assert (cell.abs() == 3.0).float().mean().item() > 0.05
+    assert (reference.hidden_states[1].abs() == 3.0).float().mean().item() > 0.1
+    assert len(fast.hidden_states) == 3
+    assert max_diff(fast.hidden_states, reference.hidden_states) <= 1e-5
+    assert max_diff(fast.lstm_state, reference.lstm_state) <= 1e-5
+    assert max_diff(fast_kept.hidden_states, reference_kept.hidden_states) <= 1e-5
+    assert torch.equal(fast.word_mask, reference.word_mask)
+    # Padded words are exactly zero on both paths.
+    assert fast.last_hidden_state[1, 1:].abs().max() == 0
+
+
+def test_small_work_blocks_give_the_same_result():
+    # Force many input-gate blocks in the LSTM and many convolution chunks in the char encoder.
+    model = make_model(seed=17)
+    ids = make_batch([13, 5, 9, 1], seed=18)
+    with torch.no_grad():
+        reference = run(model, ids, fast=False)
+        model.bilstm.input_gates_block_values = 8 * 24 * 5  # 5 positions (both directions) per block
+        model.char_encoder.conv_chunk_positions = 16
+        blocked = run(model, ids, fast=True)
+    assert max_diff(blocked.hidden_states, reference.hidden_states) <= 1e-5
+    assert max_diff(blocked.lstm_state, reference.lstm_state) <= 1e-5
+
+
+def test_carried_state_matches_reference(model):
+    first, second = make_batch([5, 9, 2], seed=1), make_batch([3, 3, 8], seed=2)
+    with torch.no_grad():
+        state = run(model, first, fast=False).lstm_state
+        reference = run(model, second, fast=False, lstm_state=state)
+        fast = run(model, second, fast=True, lstm_state=state)
+    assert max_diff(fast.hidden_states, reference.hidden_states) <= 1e-5
+    assert max_diff(fast.lstm_state, reference.lstm_state) <= 1e-5
+    # The carried state matters (otherwise this test would prove nothing).
+    with torch.no_grad():
+        fresh = run(model, second, fast=True)
+    assert max_diff(fresh.hidden_states[1:], fast.hidden_states[1:]) > 1e-2
+
+
+def test_gradients_match_reference():
+    model = make_model(seed=3).train()
+    ids = make_batch([6, 2, 9], seed=4)
+    generator = torch.Generator().manual_seed(0)
+    state = tuple(
+        torch.randn(s.shape, generator=generator).requires_grad_() for s in model.zero_lstm_state(3, "cpu", torch.float32)
+    )
+    weights = [torch.randn(3, 9, 16, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+    def gradients(fast):
+        model.zero_grad()
+        out = run(model, ids, fast=fast, lstm_state=state)
+        loss = sum((h * w).sum() for h, w in zip(out.hidden_states, weights))
+        loss = loss + out.lstm_state[0].sum() * 0.3 + (out.lstm_state[1] ** 2).sum()
+        grads = torch.autograd.grad(loss, [*model.parameters(), *state], allow_unused=True)
+        return [torch.zeros(()) if g is None else g for g in grads]
+
+    reference, fast = gradients(False), gradients(True)
+    names = [n for n, _ in model.named_parameters()] + ["initial_cell", "initial_hidden"]
+    for name, a, b in zip(names, reference, fast):
+        scale = max(a.abs().max().item(), 1.0)
+        assert (a - b).abs().max().item() <= 1e-5 * scale, name
+    # Every parameter gets a gradient, the LSTM ones are not trivial.
+    assert reference[names.index("bilstm.backward_layers.1.recurrent_proj.weight")].abs().max() > 1e-3
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = make_model(seed=5).train()
+    ids = make_batch([4, 7], seed=6)
+
+    def gradients():
+        model.zero_grad()
+        model(ids).last_hidden_state.square().sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain = gradients()
+    model.activation_checkpointing_enable()
+    calls = []
+    for layer in model.bilstm.forward_layers:
+        checkpoint = layer._gradient_checkpointing_func
+        layer._gradient_checkpointing_func = lambda *args, f=checkpoint: calls.append(1) or f(*args)
+    checkpointed = gradients()
+    assert len(calls) == 2  # one checkpoint per layer (both directions)
+    assert max_diff(plain, checkpointed) <= 1e-6
+
+
+def test_results_do_not_depend_on_batch_composition():
+    # A sentence alone, and in the middle of a batch with longer and shorter rows, gets the same vectors up to
+    # float rounding (~1e-6 relative): matmul kernels differ with the number of rows, on the reference path too.
+    model = make_model(seed=0, recurrent_std=0.1)
+    vocabulary = ["the", "cat", "sat", "on", "a", "mat", "internationalization", ",", "日本語", "x"]
+    target = make_batch([9], seed=7, vocabulary=vocabulary)[0]
+    batch = torch.zeros(6, 14, 50, dtype=torch.long)
+    batch[:5] = make_batch([3, 14, 1, 9, 6], seed=8, vocabulary=vocabulary)
+    batch[3, :9] = target
+    batch[5, :9] = target
+    with torch.no_grad():
+        alone = model(target[None], output_hidden_states=True).hidden_states
+        together = model(batch, output_hidden_states=True).hidden_states
+    for layer_alone, layer_together in zip(alone, together):
+        tolerance = 1e-6 * max(1.0, layer_alone.abs().max().item())
+        assert (layer_alone[0] - layer_together[3, :9]).abs().max() <= tolerance
+        assert (layer_alone[0] - layer_together[5, :9]).abs().max() <= tolerance
+
+
+def test_char_encoder_edge_rows(model):
+    encoder = model.char_encoder
+    rng = random.Random(9)
+    rows = [word_to_char_ids(w) for w in ["a", "x" * 48, "é" * 30, "<S>", "</S>"]]
+    rows += [[rng.randrange(1, 262) for _ in range(50)] for _ in range(3)]  # no trailing run at all
+    rows += [[0] * 50, [5] * 50]  # an empty row, a row that is one run
+    ids = torch.tensor(rows)
+    with torch.no_grad():
+        encoder.use_fast_path = False
+        reference = encoder(ids)
+        encoder.use_fast_path = True
+        fast = encoder(ids)
+        assert encoder(ids[:0]).shape == (0, 8)
+    assert (fast - reference).abs().max() <= 1e-5
+
+
+def test_bf16_runs_close_to_fp32(model):
+    ids = make_batch([6, 3, 10], seed=10)
+    with torch.no_grad():
+        reference = run(model, ids, fast=False)
+        half = make_model().to(torch.bfloat16)
+        fast = run(half, ids, fast=True)
+    assert fast.last_hidden_state.dtype == torch.bfloat16
+    assert all(torch.isfinite(h.float()).all() for h in fast.hidden_states)
+    # bf16 keeps ~3 significant digits; outputs are O(1) (clipped at 3).
+    assert max_diff(fast.hidden_states, reference.hidden_states) < 0.5
+
+
+def test_token_cache_is_exact_bounded_and_invalidated():
+    model = make_model(seed=11)
+    encoder = model.char_encoder
+    vocabulary = ["a", "b", "cc", "ddd", "eeee", "the", "of"]
+    first, second = make_batch([5, 3], seed=12, vocabulary=vocabulary), make_batch([4, 6], seed=13, vocabulary=vocabulary)
+    with torch.no_grad():
+        uncached = [model(ids, output_hidden_states=True).hidden_states for ids in (first, second)]
+        encoder.enable_token_cache(max_words=3)
+        cached = [model(ids, output_hidden_states=True).hidden_states for ids in (first, second)]
+    cache = encoder.token_cache
+    assert len(cache) == 3  # bounded: least recently used words were dropped
+    assert cache.hits > 0 and cache.misses > 3
+    for a, b in zip(uncached, cached):
+        assert max_diff(a, b) <= 1e-6
+    # Changing the weights in place invalidates every entry.
+    with torch.no_grad():
+        encoder.projection.weight.mul_(2)
+        changed = model(first).last_hidden_state
+        encoder.disable_token_cache()
+        expected = model(first).last_hidden_state
+    assert (changed - expected).abs().max() <= 1e-6
+    assert (changed - uncached[0][-1]).abs().max() > 1e-3
+    # When gradients are needed the cache is bypassed, so they flow into the char encoder.
+    encoder.enable_token_cache(max_words=10)
+    model(first).last_hidden_state.sum().backward()
+    assert encoder.projection.weight.grad.abs().max() > 0
+    with pytest.raises(ValueError, match="max_words must be a positive integer"):
+        encoder.enable_token_cache(max_words=0)
+
+
+class PeakLiveBytes(TorchDispatchMode):
+    """Tracks the peak bytes of tensor storages alive at once (outputs of every op, freed when collected)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.peak, self.storages = 0, 0, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(tensor, torch.Tensor):
+                self._track(tensor)
+        return out
+
+    def _track(self, tensor):
+        key = tensor.untyped_storage().data_ptr()
+        if key not in self.storages:
+            self.storages[key] = [tensor.untyped_storage().nbytes(), 0]
+            self.live += self.storages[key][0]
+            self.peak = max(self.peak, self.live)
+        self.storages[key][1] += 1
+        weakref.finalize(tensor, self._release, key)
+
+    def _release(self, key):
+        entry = self.storages[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.live -= entry[0]
+            del self.storages[key]
+
+
+def test_long_sentence_runs_with_memory_linear_in_words():
+    model = make_model(seed=14, lstm_dim=64, projection_dim=16, recurrent_std=0.1)
+    vocabulary = ["w%d" % i for i in range(50)]
+    peaks = {}
+    with torch.no_grad():
+        for words in (500, 2000):
+            ids = make_batch([words], seed=15, vocabulary=vocabulary)
+            with PeakLiveBytes() as tracker:
+                out = model(ids)
+            peaks[words] = tracker.peak
+            assert out.last_hidden_state.shape == (1, words, 32)
+            assert torch.isfinite(out.last_hidden_state).all()
+        set_fast(model, False)
+        reference = model(ids).last_hidden_state
+        set_fast(model, True)
+    # 2000 steps of clipped recurrence accumulate a few more roundings: 1e-5 relative.
+    assert (out.last_hidden_state - reference).abs().max() <= 1e-5 * reference.abs().max()
+    # Four times the words, about four times the memory (quadratic growth would be sixteen times).
+    assert peaks[2000] < 5 * peaks[500]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu(model):
+    ids = make_batch([5, 2], seed=16)
+    with torch.no_grad():
+        cpu = model(ids, output_hidden_states=True).hidden_states
+        gpu = model.to("cuda")(ids.to("cuda"), output_hidden_states=True).hidden_states
+        model.to("cpu")
+    assert max_diff(cpu, [g.cpu() for g in gpu]) <= 1e-4
