@@ -411,6 +411,7 @@ def train(args) -> dict:
     if resume_from:
         accelerator.load_state(resume_from)
         logger.info("Resumed from %s: step %d, epoch %d", resume_from, progress.step, stream.epoch)
+        _apply_new_learning_rate(scheduler, args.learning_rate)
     elif main_process:
         with open(os.path.join(args.output_dir, "training_args.json"), "w", encoding="utf-8") as f:
             json.dump({**vars(args), "batching": "sentences", "num_processes": accelerator.num_processes}, f, indent=2)
@@ -462,8 +463,9 @@ def train(args) -> dict:
             raise TrainingDiverged(
                 f"step {progress.step + 1}: the gradient norm is {float(grad_norm)} (this process's micro-batch losses: "
                 f"{micro_losses}); training stopped. {path} holds the model and optimizer from before this step, with "
-                "the data position after the offending batch(es), so --resume continues past them. Try a lower "
-                "--learning-rate or --max-grad-norm, or --mixed-precision no."
+                "the data position after the offending batch(es): --resume continues past them (with a new "
+                "--learning-rate if given). If the weights had already gone bad, resume from an earlier checkpoint "
+                "(remove the later ones). Also try a lower --max-grad-norm, or --mixed-precision no."
             )
         optimizer.step()
         scheduler.step()
@@ -508,8 +510,8 @@ def train(args) -> dict:
             last_epoch = stream.epoch
         if evaluating and (progress.step % args.eval_steps == 0 or progress.step == args.max_steps):
             scores = evaluate()
-        if progress.step % args.save_steps == 0 and progress.step < args.max_steps:
-            save_checkpoint()
+        if progress.step % args.save_steps == 0 or progress.step == args.max_steps:
+            save_checkpoint()  # also at the end, so that a finished run can be extended with --resume
     bar.close()
 
     if evaluating and not scores:
@@ -526,6 +528,19 @@ def train(args) -> dict:
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return scores
+
+
+def _apply_new_learning_rate(scheduler, learning_rate: float) -> None:
+    """The checkpoint restores the learning rate it was saved with; a different --learning-rate on resume wins (how
+    a diverged run is continued)."""
+    if all(base == learning_rate for base in scheduler.base_lrs):
+        return
+    logger.warning("--learning-rate %g replaces the checkpoint's %g", learning_rate, scheduler.base_lrs[0])
+    scheduler.base_lrs = [learning_rate] * len(scheduler.base_lrs)
+    for group, factor in zip(scheduler.optimizer.param_groups, scheduler.lr_lambdas):
+        group["initial_lr"] = learning_rate
+        group["lr"] = learning_rate * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
 
 
 def _make_device_batch(tokenizer, sentences, device) -> dict:
