@@ -140,8 +140,9 @@ class ElmoCharacterEncoder(nn.Module):
     # Fast path (the default): the same function as the reference path above, on the same parameters, computed
     # with fewer and better-shaped operations. Select the reference path with `use_fast_path = False`.
     use_fast_path = True
-    # Window positions per convolution matmul: bounds the (positions, n_filters) activation (~16 MB in fp32).
-    conv_chunk_positions = 1024
+    # Window positions per convolution matmul: bounds the (positions, n_filters) activation (2 MB in fp32 for
+    # 2048 filters; as fast as larger chunks, and small temporaries keep glibc's heap from growing).
+    conv_chunk_positions = 256
 
     # An `ElmoTokenCache` once `enable_token_cache` was called (opt-in; used by the fast path only).
     token_cache = None
@@ -163,9 +164,12 @@ class ElmoCharacterEncoder(nn.Module):
 
     def _token_vectors(self, char_ids: torch.Tensor) -> torch.Tensor:
         pooled = self._pooled_convolutions(char_ids)
-        hidden = self.activation(pooled + torch.cat([conv.bias for conv in self.convolutions]))
+        hidden = self.activation(pooled.add_(torch.cat([conv.bias for conv in self.convolutions])))
         for highway in self.highways:
-            hidden = highway(hidden)
+            # ElmoHighway's function with 3 temporaries instead of 8 (in-place activations are autograd-safe here:
+            # sigmoid and relu keep their results, the linear layers do not need their outputs).
+            gate = highway.carry(hidden).sigmoid_()
+            hidden = torch.lerp(hidden, highway.transform(hidden).relu_(), gate)
         return self.projection(hidden)
 
     def _conv_kernel(self) -> torch.Tensor:
@@ -319,12 +323,12 @@ class ElmoBiLstm(nn.Module):
             layer_outputs.append(torch.cat([forward_output, backward_output], dim=-1))
         return layer_outputs, (torch.stack(final_cells, dim=1), torch.stack(final_hiddens, dim=1))
 
-    # Fast path (the default): the same function as the reference path above, on the same parameters. Both
-    # directions step together, and each step computes only the rows still reading: rows are sorted longest first
-    # and packed time-major, so those rows are a prefix. Select the reference path with `use_fast_path = False`.
+    # Fast path (the default): the same function as the reference path above, on the same parameters. Each step
+    # computes only the rows still reading: rows are sorted longest first and packed time-major, so those rows are
+    # a prefix. Select the reference path with `use_fast_path = False`.
     use_fast_path = True
-    # Values of input gates computed at once (both directions): larger blocks reuse each weight read for more
-    # positions (faster), smaller ones bound the memory; 4M values (16 MB in fp32) is 128 positions of "original".
+    # Values of input gates computed by one matmul: larger blocks reuse each read of the input weights for more
+    # positions (faster), smaller ones bound the memory; 4M values (16 MB in fp32) is 256 positions of "original".
     input_gates_block_values = 1 << 22
 
     def _fast_forward(
@@ -350,8 +354,17 @@ class ElmoBiLstm(nn.Module):
         backward_source = source + sorted_lengths[row_index] - 1 - step_index
         flat = tokens.reshape(batch_size * num_steps, width)
         layer_input = torch.stack([flat[forward_source], flat[backward_source]])  # (2, positions, width)
+        distinct = None
+        if not torch.is_grad_enabled():
+            # The first layer reads the token layer, where every occurrence of a word is the same vector: its input
+            # gates are computed once per distinct vector. (Inference only: with autograd, equal rows may come from
+            # different sources, and each must get its own gradient.)
+            rows, forward_row = torch.unique(layer_input[0], dim=0, return_inverse=True)
+            row_of = forward_row.new_empty(batch_size * num_steps)
+            row_of[forward_source] = forward_row
+            distinct = (rows, torch.stack([forward_row, row_of[backward_source]]))
 
-        packed_outputs, final_cells, final_hiddens = [], [], []
+        packed_outputs, final_cells, final_hiddens, workspace = [], [], [], {}
         for index in range(len(self.forward_layers)):
             initial = (state[0][index][:, order], state[1][index][:, order])
             layer = self.forward_layers[index]
@@ -359,7 +372,9 @@ class ElmoBiLstm(nn.Module):
                 run = functools.partial(self._fast_layer, index, rows_at=rows_at)
                 output, cell, hidden = layer._gradient_checkpointing_func(run, layer_input, *initial)
             else:
-                output, cell, hidden = self._fast_layer(index, layer_input, *initial, rows_at=rows_at)
+                output, cell, hidden = self._fast_layer(
+                    index, layer_input, *initial, rows_at, distinct if index == 0 else None, workspace
+                )
             if index > 0 and self.use_skip_connections:
                 output = output + layer_input
             packed_outputs.append(output)
@@ -380,68 +395,176 @@ class ElmoBiLstm(nn.Module):
         return layer_outputs, (torch.stack(final_cells)[:, :, restore], torch.stack(final_hiddens)[:, :, restore])
 
     def _fast_layer(
-        self, index: int, inputs: torch.Tensor, cell: torch.Tensor, hidden: torch.Tensor, rows_at: list[int]
+        self,
+        index: int,
+        inputs: torch.Tensor,
+        cell: torch.Tensor,
+        hidden: torch.Tensor,
+        rows_at: list[int],
+        distinct: tuple[torch.Tensor, torch.Tensor] | None = None,
+        workspace: dict | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """
         Layer `index` of both directions on packed inputs `(2, positions, projection_dim)` from the initial state
         `(2, batch, ·)` (rows sorted longest first). Returns the packed outputs and each row's final state.
-
-        Inside, vectors are columns (feature-major): the matmuls are then `weight @ states`, a shape that runs well
-        on few rows without copying the weights, and dropping finished rows is a column slice.
+        `distinct`, without autograd only: the distinct input rows and, per direction, each position's row.
         """
         layers = (self.forward_layers[index], self.backward_layers[index])
-        cell_clip, proj_clip = layers[0].cell_clip, layers[0].proj_clip
+        results = [
+            self._fast_direction(
+                layers[d],
+                inputs[d],
+                cell[d],
+                hidden[d],
+                rows_at,
+                None if distinct is None else (distinct[0], distinct[1][d]),
+                {} if workspace is None else workspace,
+            )
+            for d in range(2)
+        ]
+        return tuple(torch.stack(parts) for parts in zip(*results))
+
+    def _fast_direction(
+        self,
+        layer: ElmoLstmLayer,
+        inputs: torch.Tensor,
+        cell: torch.Tensor,
+        hidden: torch.Tensor,
+        rows_at: list[int],
+        distinct: tuple[torch.Tensor, torch.Tensor] | None = None,
+        workspace: dict | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """
+        `layer` over packed inputs `(positions, projection_dim)` from the initial state `(batch, ·)`.
+
+        One direction at a time: every step reads the whole recurrent and projection weights, and one direction's
+        (40 MB for "original") stays in cache better than both directions' (measured ~13% faster than stepping the
+        two together, and no stacked copy of the weights). Inside, vectors are columns (feature-major): the
+        matmuls are then `weight @ states`, the shape that runs fastest on few rows, and dropping finished rows
+        is a column slice.
+        """
         lstm_dim = cell.shape[-1]
         # TensorFlow's forget bias is folded into the stored bias once instead of being added at every step.
-        biases = [
-            torch.cat([b[: 2 * lstm_dim], b[2 * lstm_dim : 3 * lstm_dim] + FORGET_GATE_BIAS, b[3 * lstm_dim :]])[:, None]
-            for b in (layer.input_proj.bias for layer in layers)
-        ]
-        has_projection = isinstance(layers[0].output_proj, nn.Linear)
-        cell, hidden = cell.transpose(1, 2), hidden.transpose(1, 2)  # (2, ·, batch)
-        inputs = inputs.transpose(1, 2)  # (2, projection_dim, positions)
+        bias = layer.input_proj.bias
+        bias = torch.cat([bias[: 2 * lstm_dim], bias[2 * lstm_dim : 3 * lstm_dim] + FORGET_GATE_BIAS, bias[3 * lstm_dim :]])
+        bias = bias[:, None]
+        cell, hidden, inputs = cell.t(), hidden.t(), inputs.t()  # (lstm_dim, batch), (proj, batch), (proj, positions)
+        batch_size, positions = cell.shape[1], inputs.shape[1]
+        block_positions = max(1, self.input_gates_block_values // (4 * lstm_dim))
+        # Without autograd, each step completes its gates inside the input-gate buffer, updates the state in place
+        # and writes its outputs into the result: no new tensors a step (faster, and flat memory).
+        in_place = not torch.is_grad_enabled()
+        if in_place:
+            # Scratch buffers, shared by every layer and direction of this forward (fewer large allocations).
+            def scratch(name: str, size: int) -> torch.Tensor:
+                if name not in workspace or workspace[name].numel() < size:
+                    workspace[name] = cell.new_empty(size)
+                return workspace[name][:size]
 
-        outputs, finished_cells, finished_hiddens = [], [], []
-        block_positions = max(1, self.input_gates_block_values // (8 * lstm_dim))
+            input_gates_buffer = scratch("input_gates", 4 * lstm_dim * block_positions)
+            gates_buffer = scratch("gates", 4 * lstm_dim * batch_size)
+            cell_buffers = [scratch(name, lstm_dim * batch_size) for name in ("cell_a", "cell_b")]
+            packed = hidden.new_empty(positions, hidden.shape[0])  # (positions, projection_dim)
+            final_cell, final_hidden = torch.empty_like(cell), torch.empty_like(hidden)
+            # Input gates of each distinct input row `(distinct, 4 * lstm_dim)`, when they fit in the memory of one
+            # block of positions; each step gathers its rows.
+            table = None
+            if distinct is not None and distinct[0].shape[0] <= block_positions:
+                table = input_gates_buffer[: 4 * lstm_dim * distinct[0].shape[0]].view(-1, 4 * lstm_dim)
+                # In chunks, with the matmul shape of the blocks (an odd shape makes MKL keep extra buffers).
+                for chunk, rows in zip(table.split(64), distinct[0].split(64)):
+                    part = scratch("table_part", 4 * lstm_dim * rows.shape[0]).view(4 * lstm_dim, -1)
+                    chunk.copy_(torch.addmm(bias, layer.input_proj.weight, rows.t(), out=part).t())
+                gathered_buffer = scratch("gathered", batch_size * 4 * lstm_dim)
+        else:
+            outputs, finished_cells, finished_hiddens = [], [], []
+
         block_start = block_end = offset = 0
         input_gates = None
-        for rows in rows_at:
-            if rows < hidden.shape[2]:
-                # Rows past their length: their state is final. (Copies, so as not to keep whole steps alive.)
-                finished_cells.append(cell[:, :, rows:].clone())
-                finished_hiddens.append(hidden[:, :, rows:].clone())
-                cell, hidden = cell[:, :, :rows], hidden[:, :, :rows]
-            if offset + rows > block_end:
+        for step_index, rows in enumerate(rows_at):
+            if rows < hidden.shape[1]:
+                # Rows past their length: their state is final.
+                if in_place:
+                    final_cell[:, rows : hidden.shape[1]] = cell[:, rows:]
+                    final_hidden[:, rows : hidden.shape[1]] = hidden[:, rows:]
+                else:  # copies, so as not to keep whole steps alive
+                    finished_cells.append(cell[:, rows:].clone())
+                    finished_hiddens.append(hidden[:, rows:].clone())
+                cell, hidden = cell[:, :rows], hidden[:, :rows]
+            if offset + rows > block_end and not (in_place and table is not None):
                 # The input part of the gates, for the next block of positions at once.
-                block_start, block_end = offset, min(offset + block_positions, inputs.shape[2])
+                block_start, block_end = offset, min(offset + block_positions, positions)
                 block_end = max(block_end, offset + rows)
+                width, block = block_end - block_start, inputs[:, block_start:block_end]
                 input_gates = None
-                input_gates = [
-                    torch.addmm(biases[d], layer.input_proj.weight, inputs[d, :, block_start:block_end])
-                    for d, layer in enumerate(layers)
-                ]
+                if in_place and width <= block_positions:
+                    buffer = input_gates_buffer[: 4 * lstm_dim * width].view(4 * lstm_dim, width)
+                    input_gates = torch.addmm(bias, layer.input_proj.weight, block, out=buffer)
+                else:
+                    input_gates = torch.addmm(bias, layer.input_proj.weight, block)
             step = slice(offset - block_start, offset - block_start + rows)
-            gates = torch.stack(
-                [
-                    torch.addmm(input_gates[d][:, step], layer.recurrent_proj.weight, hidden[d])
-                    for d, layer in enumerate(layers)
-                ]
-            )
-            in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=1)
-            cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(in_gate) * torch.tanh(candidate)
-            if cell_clip is not None:
-                cell = cell.clamp(-cell_clip, cell_clip)
-            hidden = torch.sigmoid(out_gate) * torch.tanh(cell)
-            if has_projection:
-                hidden = torch.stack([layer.output_proj.weight @ hidden[d] for d, layer in enumerate(layers)])
-            if proj_clip is not None:
-                hidden = hidden.clamp(-proj_clip, proj_clip)
-            outputs.append(hidden)
+            if in_place:
+                if table is not None:
+                    gathered = gathered_buffer[: rows * 4 * lstm_dim].view(rows, 4 * lstm_dim)
+                    input_part = torch.index_select(table, 0, distinct[1][offset : offset + rows], out=gathered).t()
+                else:
+                    input_part = input_gates[:, step]
+                gates = gates_buffer[: 4 * lstm_dim * rows].view(4 * lstm_dim, rows)
+                new_cell = cell_buffers[step_index % 2][: lstm_dim * rows].view(lstm_dim, rows)
+                new_hidden = packed[offset : offset + rows].t()
+                cell, hidden = self._step_in_place(layer, input_part, cell, hidden, gates, new_cell, new_hidden)
+            else:
+                cell, hidden = self._step(layer, input_gates[:, step], cell, hidden)
+                outputs.append(hidden)
             offset += rows
-        final_cell = torch.cat([cell, *reversed(finished_cells)], dim=2).transpose(1, 2)
-        final_hidden = torch.cat([hidden, *reversed(finished_hiddens)], dim=2).transpose(1, 2)
-        packed = torch.cat(outputs, dim=2) if outputs else hidden.new_zeros(2, hidden.shape[1], 0)
-        return packed.transpose(1, 2), final_cell, final_hidden
+        if in_place:
+            final_cell[:, : cell.shape[1]] = cell
+            final_hidden[:, : hidden.shape[1]] = hidden
+            return packed, final_cell.t(), final_hidden.t()
+        final_cell = torch.cat([cell, *reversed(finished_cells)], dim=1).t()
+        final_hidden = torch.cat([hidden, *reversed(finished_hiddens)], dim=1).t()
+        packed = torch.cat(outputs, dim=1) if outputs else hidden.new_zeros(hidden.shape[0], 0)
+        return packed.t(), final_cell, final_hidden
+
+    @staticmethod
+    def _step(layer: ElmoLstmLayer, input_part, cell, hidden):
+        """One step, feature-major: input part of the gates `(4 * lstm_dim, rows)`, `cell` `(lstm_dim, rows)`..."""
+        gates = torch.addmm(input_part, layer.recurrent_proj.weight, hidden)
+        in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=0)
+        cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(in_gate) * torch.tanh(candidate)
+        if layer.cell_clip is not None:
+            cell = cell.clamp(-layer.cell_clip, layer.cell_clip)
+        hidden = torch.sigmoid(out_gate) * torch.tanh(cell)
+        if isinstance(layer.output_proj, nn.Linear):
+            hidden = layer.output_proj.weight @ hidden
+        if layer.proj_clip is not None:
+            hidden = hidden.clamp(-layer.proj_clip, layer.proj_clip)
+        return cell, hidden
+
+    @staticmethod
+    def _step_in_place(layer: ElmoLstmLayer, input_part, cell, hidden, gates, new_cell, new_hidden):
+        """
+        `_step` without autograd, writing into the buffers `gates` `(4 * lstm_dim, rows)`, `new_cell` and
+        `new_hidden` (not into `cell` and `hidden`, which it reads). Contiguous gates make the element-wise work
+        ~4x faster than working in place on a column slice of the input gates.
+        """
+        torch.addmm(input_part, layer.recurrent_proj.weight, hidden, out=gates)
+        in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=0)
+        in_gate.sigmoid_()
+        gates[2 * cell.shape[0] :].sigmoid_()  # forget and output gates
+        candidate.tanh_()
+        torch.mul(forget_gate, cell, out=new_cell)
+        new_cell.addcmul_(in_gate, candidate)
+        if layer.cell_clip is not None:
+            new_cell.clamp_(-layer.cell_clip, layer.cell_clip)
+        output = torch.tanh(new_cell, out=candidate).mul_(out_gate)  # candidate is spent: reuse its rows
+        if isinstance(layer.output_proj, nn.Linear):
+            torch.mm(layer.output_proj.weight, output, out=new_hidden)
+        else:
+            new_hidden.copy_(output)
+        if layer.proj_clip is not None:
+            new_hidden.clamp_(-layer.proj_clip, layer.proj_clip)
+        return new_cell, new_hidden
 
 
 class ElmoPreTrainedModel(PreTrainedModel):
