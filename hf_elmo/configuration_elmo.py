@@ -63,6 +63,18 @@ ELMO_PRESETS = {
 }
 
 
+# Every class a saved folder can be loaded as with `trust_remote_code=True` (where hf_elmo is not installed).
+# Saved into each config so that any Auto class works on any ELMo checkpoint, base model or head.
+ELMO_AUTO_MAP = {
+    "AutoConfig": "configuration_elmo.ElmoConfig",
+    "AutoModel": "modeling_elmo.ElmoModel",
+    "AutoTokenizer": ["tokenization_elmo.ElmoTokenizer", None],
+    "AutoModelForTokenClassification": "modeling_elmo.ElmoForTokenClassification",
+    "AutoModelForSequenceClassification": "modeling_elmo.ElmoForSequenceClassification",
+    "AutoModelForPreTraining": "modeling_elmo.ElmoForPreTraining",
+}
+
+
 class ElmoConfig(PreTrainedConfig):
     r"""
     Configuration of an ELMo bidirectional language model (Peters et al., 2018), field for field
@@ -90,6 +102,32 @@ class ElmoConfig(PreTrainedConfig):
             biLM itself reads characters and does not use it.
         initializer_range (`float`): std of the normal initialisation of new weights.
 
+    Task heads (`ElmoForTokenClassification`, `ElmoForSequenceClassification`; the biLM ignores these):
+        freeze_elmo (`bool`, defaults to `True`): keep the biLM's weights fixed and train only the layer mix and
+            the head, as in the paper. `False` fine-tunes the biLM too.
+        mix_layer_norm (`bool`, defaults to `False`): layer-normalise each biLM layer before mixing, per
+            sentence over its own words (so a sentence's result never depends on the rest of the batch).
+        mix_l2_coef (`float`, defaults to `0.0`): weight of an L2 penalty on the layer-mix weights' distance from
+            their mean, added to the loss; large values push the mix toward a plain average of the layers.
+        mix_dropout (`float`, defaults to `0.5`): dropout on the mixed ELMo vectors (and on the output of the
+            contextual layer, if any).
+        head_lstm_dim (`int` or `None`, defaults to `None`): hidden size per direction of a biLSTM run over the
+            mixed vectors before the classifier (the paper's task-model set-up); `None` = a linear classifier
+            straight on the mix.
+        head_lstm_layers (`int`, defaults to 1): layers of that biLSTM.
+        classifier_pooling (`str`, defaults to `"mean"`): how `ElmoForSequenceClassification` turns word vectors
+            into one sentence vector: `"mean"` or `"max"` over the words, or `"final"` (the forward half at the
+            last word joined with the backward half at the first word, i.e. each direction's final state).
+
+    Pretraining (`ElmoForPreTraining`, the forward and backward language-model losses; other models ignore these):
+        bos_word_id (`int`, defaults to 0): index of `<S>` in the word vocabulary (`vocab_size` entries), the target
+            of the backward LM before each sentence's first word.
+        eos_word_id (`int`, defaults to 1): index of `</S>`, the target of the forward LM after the last word.
+        num_softmax_samples (`int`, defaults to 8192): in training, a sampled softmax over this many log-uniform
+            negatives (bilm-tf's recipe; needs a frequency-sorted vocabulary) instead of the full softmax. `0`, or
+            a value not smaller than `vocab_size`, means the full softmax; evaluation always uses the full one.
+        lm_dropout (`float`, defaults to 0.1): dropout on the top biLM layer before the softmax, in training.
+
     `hidden_size` is `2 * projection_dim`: every output layer is `[forward; backward]`.
     """
 
@@ -112,6 +150,17 @@ class ElmoConfig(PreTrainedConfig):
         use_skip_connections=True,
         vocab_size=None,
         initializer_range=0.02,
+        freeze_elmo=True,
+        mix_layer_norm=False,
+        mix_l2_coef=0.0,
+        mix_dropout=0.5,
+        head_lstm_dim=None,
+        head_lstm_layers=1,
+        classifier_pooling="mean",
+        bos_word_id=0,
+        eos_word_id=1,
+        num_softmax_samples=8192,
+        lm_dropout=0.1,
         pad_token_id=0,
         **kwargs,
     ):
@@ -129,7 +178,19 @@ class ElmoConfig(PreTrainedConfig):
         self.use_skip_connections = use_skip_connections
         self.vocab_size = vocab_size
         self.initializer_range = initializer_range
+        self.freeze_elmo = freeze_elmo
+        self.mix_layer_norm = mix_layer_norm
+        self.mix_l2_coef = mix_l2_coef
+        self.mix_dropout = mix_dropout
+        self.head_lstm_dim = head_lstm_dim
+        self.head_lstm_layers = head_lstm_layers
+        self.classifier_pooling = classifier_pooling
+        self.bos_word_id = bos_word_id
+        self.eos_word_id = eos_word_id
+        self.num_softmax_samples = num_softmax_samples
+        self.lm_dropout = lm_dropout
         super().__init__(pad_token_id=pad_token_id, **kwargs)
+        self.auto_map = {**ELMO_AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
         self.validate_elmo()
 
     @property
@@ -190,6 +251,50 @@ class ElmoConfig(PreTrainedConfig):
             positive_int("vocab_size")
         if not isinstance(self.use_skip_connections, bool):
             raise ValueError(f"ElmoConfig.use_skip_connections must be a bool, got {self.use_skip_connections!r}.")
+        self._validate_task_head_fields()
+        self._validate_pretraining_fields()
+
+    def _validate_task_head_fields(self):
+        def is_number(value):
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+        def is_positive_int(value):
+            return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+        for field in ("freeze_elmo", "mix_layer_norm"):
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(f"ElmoConfig.{field} must be a bool, got {getattr(self, field)!r}.")
+        if not is_number(self.mix_l2_coef) or not self.mix_l2_coef >= 0:
+            raise ValueError(f"ElmoConfig.mix_l2_coef must be a number >= 0, got {self.mix_l2_coef!r}.")
+        if not is_number(self.mix_dropout) or not 0 <= self.mix_dropout < 1:
+            raise ValueError(f"ElmoConfig.mix_dropout must be a probability in [0, 1), got {self.mix_dropout!r}.")
+        if self.head_lstm_dim is not None and not is_positive_int(self.head_lstm_dim):
+            raise ValueError(f"ElmoConfig.head_lstm_dim must be a positive integer or None, got {self.head_lstm_dim!r}.")
+        if not is_positive_int(self.head_lstm_layers):
+            raise ValueError(f"ElmoConfig.head_lstm_layers must be a positive integer, got {self.head_lstm_layers!r}.")
+        if self.classifier_pooling not in ("mean", "max", "final"):
+            raise ValueError(
+                f"ElmoConfig.classifier_pooling must be 'mean', 'max' or 'final', got {self.classifier_pooling!r}."
+            )
+
+    # ---- Pretraining (ElmoForPreTraining) ----
+    def _validate_pretraining_fields(self):
+        for field in ("bos_word_id", "eos_word_id", "num_softmax_samples"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"ElmoConfig.{field} must be an integer >= 0, got {value!r}.")
+        if self.vocab_size is not None:
+            for field in ("bos_word_id", "eos_word_id"):
+                if getattr(self, field) >= self.vocab_size:
+                    raise ValueError(
+                        f"ElmoConfig.{field} ({getattr(self, field)}) must be an index into the word vocabulary "
+                        f"(vocab_size={self.vocab_size})."
+                    )
+        if self.bos_word_id == self.eos_word_id:
+            raise ValueError(f"ElmoConfig.bos_word_id and eos_word_id must differ, both are {self.bos_word_id}.")
+        dropout = self.lm_dropout
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+            raise ValueError(f"ElmoConfig.lm_dropout must be a probability in [0, 1), got {dropout!r}.")
 
 
 def _check_filters(filters):

@@ -4,17 +4,21 @@ Data flows top to bottom in this file: char ids -> `ElmoCharacterEncoder` (char 
 projection) -> `ElmoBiLstm` (stacked `ElmoLstmLayer`s per direction) -> `ElmoModel`.
 """
 
+import contextlib
 import functools
+import math
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutput
-from transformers.utils import logging
+from transformers.modeling_outputs import BaseModelOutput, SequenceClassifierOutput, TokenClassifierOutput
+from transformers.utils import ModelOutput, logging
 from transformers.utils.generic import can_return_tuple
 
 from .configuration_elmo import BEGIN_SENTENCE_WORD, END_SENTENCE_WORD, ElmoConfig, word_to_char_ids
@@ -47,12 +51,16 @@ class ElmoModelOutput(BaseModelOutput):
     lstm_state: tuple[torch.FloatTensor, torch.FloatTensor] | None = None
 
 
+class ElmoHighwayGate(nn.Linear):
+    """The gate of a highway layer: a plain linear map, its own class so that `_init_weights` can find it."""
+
+
 class ElmoHighway(nn.Module):
     """One highway layer: a sigmoid gate mixes a ReLU transform of the input with the input itself."""
 
     def __init__(self, size: int):
         super().__init__()
-        self.carry = nn.Linear(size, size)
+        self.carry = ElmoHighwayGate(size, size)
         self.transform = nn.Linear(size, size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -382,6 +390,7 @@ class ElmoBiLstm(nn.Module):
             final_hiddens.append(hidden)
             layer_input = output
 
+        workspace.clear()  # before the padded outputs are allocated
         # Unpack into the padded layout (zeros past each row's length), backward outputs back in reading order.
         target = torch.cat([forward_source, backward_source])
         half = torch.arange(2, device=tokens.device).repeat_interleave(forward_source.shape[0])
@@ -453,7 +462,8 @@ class ElmoBiLstm(nn.Module):
         block_positions = max(1, self.input_gates_block_values // (4 * lstm_dim))
         # Without autograd, each step completes its gates inside the input-gate buffer, updates the state in place
         # and writes its outputs into the result: no new tensors a step (faster, and flat memory).
-        in_place = not torch.is_grad_enabled()
+        # Under autocast the `out=` buffers would keep fp32 while autocast hands the matmuls bf16 operands.
+        in_place = not torch.is_grad_enabled() and not torch.is_autocast_enabled(cell.device.type)
         if in_place:
             # Scratch buffers, shared by every layer and direction of this forward (fewer large allocations).
             def scratch(name: str, size: int) -> torch.Tensor:
@@ -472,8 +482,8 @@ class ElmoBiLstm(nn.Module):
             if distinct is not None and distinct[0].shape[0] <= block_positions:
                 table = input_gates_buffer[: 4 * lstm_dim * distinct[0].shape[0]].view(-1, 4 * lstm_dim)
                 # In chunks, with the matmul shape of the blocks (an odd shape makes MKL keep extra buffers).
-                for chunk, rows in zip(table.split(64), distinct[0].split(64)):
-                    part = scratch("table_part", 4 * lstm_dim * rows.shape[0]).view(4 * lstm_dim, -1)
+                for chunk, rows in zip(table.split(batch_size), distinct[0].split(batch_size)):
+                    part = gates_buffer[: 4 * lstm_dim * rows.shape[0]].view(4 * lstm_dim, -1)
                     chunk.copy_(torch.addmm(bias, layer.input_proj.weight, rows.t(), out=part).t())
                 gathered_buffer = scratch("gathered", batch_size * 4 * lstm_dim)
         else:
@@ -577,9 +587,31 @@ class ElmoPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, ElmoHighway):
+        if isinstance(module, ElmoHighwayGate):
             # Start highways close to the identity (carry the input), as bilm-tf initialises them.
-            init.constant_(module.carry.bias, -2.0)
+            init.constant_(module.bias, -2.0)
+
+    # --- Hub tooling (hf-elmo publish / trust_remote_code): every saved folder has a tokenizer -------------------
+    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
+        """
+        `PreTrainedModel.save_pretrained`, plus the default `ElmoTokenizer` of this model when the folder has no
+        tokenizer yet. ELMo's tokenizer needs nothing but the config, so this makes every saved ELMo folder (a
+        Trainer checkpoint, a model saved alone) load with `AutoTokenizer.from_pretrained(folder,
+        trust_remote_code=True)`. A tokenizer saved into the folder, before or after, takes precedence.
+        """
+        folder = os.fspath(save_directory)
+        if is_main_process and not os.path.isfile(folder) and not os.path.isfile(
+            os.path.join(folder, "tokenizer_config.json")
+        ):
+            # Written first so that save_pretrained(push_to_hub=True) uploads it too. This relative import also
+            # makes Transformers copy tokenization_elmo.py with this file (saving and trust_remote_code loading).
+            from .tokenization_elmo import ElmoTokenizer
+
+            os.makedirs(folder, exist_ok=True)
+            # Without hf_elmo (remote code), the class is only registered if AutoTokenizer loaded it.
+            ElmoTokenizer.register_for_auto_class("AutoTokenizer")
+            ElmoTokenizer(max_characters_per_token=self.config.max_characters_per_token).save_pretrained(folder)
+        return super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
 
 
 class ElmoModel(ElmoPreTrainedModel):
@@ -729,5 +761,562 @@ class ElmoModel(ElmoPreTrainedModel):
         )
 
 
+# ---------------------------------------------------------------------------------------------
+# Task heads: the paper's recipe for using ELMo downstream. The biLM (usually frozen) gives L + 1
+# layers per word; a task learns a softmax-normalised weight per layer and a scale gamma to mix them
+# (`ElmoScalarMix`), applies dropout, optionally runs a small biLSTM over the mix, and classifies.
+# ---------------------------------------------------------------------------------------------
+
+# pipeline_elmo.py holds the token-classification pipeline that `config.custom_pipelines` points to.
+# Transformers copies the files named in one-level relative imports along with this one (save_pretrained,
+# trust_remote_code), so naming it here is what makes every saved folder carry it. Never imported at run time.
+if TYPE_CHECKING:
+    from .pipeline_elmo import ElmoTokenClassificationPipeline  # noqa: F401
+
+ELMO_CUSTOM_PIPELINES = {
+    "token-classification": {
+        "impl": "pipeline_elmo.ElmoTokenClassificationPipeline",
+        "pt": ["AutoModelForTokenClassification"],
+        "tf": [],
+        "type": "text",
+    }
+}
+
+
+class ElmoScalarMix(nn.Module):
+    """
+    `gamma * sum_j softmax(w)_j * h_j` over the biLM layers `h_j` (Peters et al. 2018, eq. 1), with `w` starting at
+    zero (an even mix) and `gamma` at one.
+
+    With `layer_norm`, each layer is first normalised to zero mean and unit variance over each sentence's own words
+    and features (bilm-tf pooled these statistics over the whole batch, which made a sentence's vectors depend on
+    its batch-mates). `penalty()` is `l2_coef * sum_j (w_j - mean(w))^2`: it pulls the softmax weights toward an
+    even mix and is unaffected by the shift that softmax ignores.
+    """
+
+    def __init__(self, num_layers: int, layer_norm: bool = False, l2_coef: float = 0.0):
+        super().__init__()
+        self.layer_norm = layer_norm
+        self.l2_coef = l2_coef
+        self.scalar_weights = nn.Parameter(torch.zeros(num_layers))
+        self.gamma = nn.Parameter(torch.ones(1))
+
+    def layer_weights(self) -> torch.Tensor:
+        """The normalised weight of each layer, `(num_layers,)`, summing to 1."""
+        return torch.softmax(self.scalar_weights, dim=0)
+
+    def penalty(self) -> torch.Tensor:
+        centred = self.scalar_weights - self.scalar_weights.mean()
+        return self.l2_coef * centred.pow(2).sum()
+
+    @staticmethod
+    def normalise_per_sentence(layer: torch.Tensor, mask: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+        """`layer` `(batch, words, dim)` normalised over each row's words (`mask` `(batch, words)`); padding stays 0."""
+        weights = mask.unsqueeze(-1).to(layer.dtype)
+        count = (weights.sum(dim=(1, 2), keepdim=True) * layer.shape[-1]).clamp(min=1)
+        mean = (layer * weights).sum(dim=(1, 2), keepdim=True) / count
+        centred = (layer - mean) * weights
+        variance = centred.pow(2).sum(dim=(1, 2), keepdim=True) / count
+        return centred / torch.sqrt(variance + eps)
+
+    def forward(self, layers: tuple[torch.Tensor, ...], mask: torch.Tensor) -> torch.Tensor:
+        if len(layers) != self.scalar_weights.numel():
+            raise ValueError(f"ElmoScalarMix was built for {self.scalar_weights.numel()} layers, got {len(layers)}.")
+        weights = self.layer_weights()
+        mixed = 0
+        for weight, layer in zip(weights, layers):
+            if self.layer_norm:
+                layer = self.normalise_per_sentence(layer, mask)
+            mixed = mixed + weight * layer
+        return self.gamma * mixed
+
+
+class ElmoTaskEncoder(nn.Module):
+    """
+    The task-specific part shared by the heads: biLM layers `(batch, words, 2P)` each -> mix -> dropout -> optional
+    biLSTM (run within each sentence's length, so padding never leaks in) -> dropout -> word features
+    `(batch, words, output_size)`.
+    """
+
+    def __init__(self, config: ElmoConfig):
+        super().__init__()
+        self.mix = ElmoScalarMix(config.num_lstm_layers + 1, config.mix_layer_norm, config.mix_l2_coef)
+        self.dropout = nn.Dropout(config.mix_dropout)
+        self.lstm = None
+        self.output_size = config.hidden_size
+        if config.head_lstm_dim is not None:
+            self.lstm = nn.LSTM(
+                config.hidden_size,
+                config.head_lstm_dim,
+                num_layers=config.head_lstm_layers,
+                batch_first=True,
+                bidirectional=True,
+            )
+            self.output_size = 2 * config.head_lstm_dim
+
+    def forward(self, layers: tuple[torch.Tensor, ...], mask: torch.Tensor) -> torch.Tensor:
+        features = self.dropout(self.mix(layers, mask))
+        if self.lstm is not None:
+            lengths = mask.sum(dim=1).clamp(min=1).cpu()
+            packed = nn.utils.rnn.pack_padded_sequence(features, lengths, batch_first=True, enforce_sorted=False)
+            output, _ = self.lstm(packed)
+            output, _ = nn.utils.rnn.pad_packed_sequence(output, batch_first=True, total_length=mask.shape[1])
+            features = self.dropout(output * mask.unsqueeze(-1).to(output.dtype))
+        return features
+
+
+class ElmoTaskPreTrainedModel(ElmoPreTrainedModel):
+    """
+    Shared by the task heads: the biLM under `self.elmo`, the layer mix and optional biLSTM under `self.encoder`, and
+    the freezing of the biLM (`config.freeze_elmo`). A frozen biLM runs without autograd, so it costs no activation
+    memory and cannot change during training.
+
+    Losses are sums over the labelled items divided by `num_items_in_batch` when the Trainer passes it (the count over
+    all gradient-accumulation micro-batches and devices), else by this batch's count: accumulated gradients then equal
+    those of one large batch.
+    """
+
+    accepts_loss_kwargs = True
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, ElmoScalarMix):
+            init.zeros_(module.scalar_weights)
+            init.ones_(module.gamma)
+
+    def post_init(self):
+        super().post_init()
+        self.freeze_base_model(self.config.freeze_elmo)
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        loaded = super().from_pretrained(*args, **kwargs)
+        # Loading replaces every parameter with a new one that requires grad: freeze again.
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        model.freeze_base_model(model.config.freeze_elmo)
+        return loaded
+
+    def freeze_base_model(self, frozen: bool = True):
+        """Freeze (or, with `False`, unfreeze for fine-tuning) the biLM's weights; recorded in `config.freeze_elmo`."""
+        self.config.freeze_elmo = frozen
+        self.elmo.requires_grad_(not frozen)
+
+    def layer_weights(self) -> torch.Tensor:
+        """The learned softmax weight of each biLM layer (token layer first), `(num_lstm_layers + 1,)`."""
+        return self.encoder.mix.layer_weights().detach()
+
+    def elmo_layers(self, input_ids, attention_mask):
+        """All biLM layers and the word mask; without autograd when no biLM weight is trainable."""
+        trainable = any(p.requires_grad for p in self.elmo.parameters())
+        with contextlib.nullcontext() if trainable else torch.no_grad():
+            output = self.elmo(input_ids, attention_mask=attention_mask, output_hidden_states=True, return_dict=True)
+        return output.hidden_states, output.word_mask
+
+    def normalised_loss(self, loss_sum: torch.Tensor, n_items: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+        """`loss_sum` over the whole (accumulated) batch, plus this batch's share of the layer-mix penalty."""
+        denominator = num_items_in_batch if num_items_in_batch is not None else n_items.clamp(min=1)
+        if torch.is_tensor(denominator):
+            denominator = denominator.to(loss_sum.device)
+        loss = loss_sum / denominator
+        if self.encoder.mix.l2_coef > 0:
+            # Each micro-batch adds its share, so the penalty counts once per optimiser step.
+            loss = loss + self.encoder.mix.penalty() * (n_items / denominator)
+        return loss
+
+
+def _check_label_ids(labels: torch.Tensor, num_labels: int, id2label: dict):
+    bad = (labels != -100) & ((labels < 0) | (labels >= num_labels))
+    if bad.any():
+        value = int(labels[bad][0])
+        raise ValueError(
+            f"labels hold the id {value}, outside this model's {num_labels} labels (0..{num_labels - 1}, "
+            f"id2label={dict(id2label)}); use -100 for positions without a label."
+        )
+
+
+class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
+    """
+    ELMo with a label per word (NER, POS tagging, chunking): mixed biLM layers -> dropout -> optional biLSTM ->
+    linear classifier. Word i of the input is position i of `logits` (the model adds `<S>`/`</S>` itself), so
+    word-level labels need no alignment. Loss: cross-entropy over labels that are not -100.
+    """
+
+    def __init__(self, config: ElmoConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        # The stock pipeline cannot read per-word char ids; this makes pipeline(..., trust_remote_code=True) use ours.
+        config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), **ELMO_CUSTOM_PIPELINES}
+        self.elmo = ElmoModel(config)
+        self.encoder = ElmoTaskEncoder(config)
+        self.classifier = nn.Linear(self.encoder.output_size, config.num_labels)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_hidden_states: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        **kwargs,
+    ) -> TokenClassifierOutput:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch_size, num_words)`, *optional*):
+            Label id of each word in `[0, num_labels)`; -100 for words to ignore and for padding.
+        num_items_in_batch (`int` or `torch.Tensor`, *optional*):
+            Number of labels != -100 in the whole accumulated batch (passed by the Trainer); the loss is divided by
+            it instead of by this batch's count.
+        """
+        layers, mask = self.elmo_layers(input_ids, attention_mask)
+        logits = self.classifier(self.encoder(layers, mask))
+
+        loss = None
+        if labels is not None:
+            if labels.shape != mask.shape:
+                raise ValueError(
+                    f"labels must have one entry per word, shape {tuple(mask.shape)} (batch, words) like input_ids' "
+                    f"first two dimensions, got {tuple(labels.shape)}."
+                )
+            labels = labels.to(logits.device)
+            stray = (labels != -100) & ~mask
+            if stray.any():
+                row = int(stray.any(dim=1).nonzero()[0])
+                raise ValueError(
+                    f"labels[{row}] has {int((labels[row] != -100).sum())} labels but the sentence has "
+                    f"{int(mask[row].sum())} words: label a padded position -100 (DataCollatorForTokenClassification "
+                    "does this)."
+                )
+            _check_label_ids(labels, self.num_labels, self.config.id2label)
+            labelled = labels != -100
+            loss_sum = nn.functional.cross_entropy(logits[labelled].float(), labels[labelled], reduction="sum")
+            loss = self.normalised_loss(loss_sum, labelled.sum(), num_items_in_batch)
+
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=layers if output_hidden_states else None)
+
+
+class ElmoForSequenceClassification(ElmoTaskPreTrainedModel):
+    """
+    ELMo with a label per sentence: mixed biLM layers -> dropout -> optional biLSTM -> pooling over the words
+    (`config.classifier_pooling`) -> linear classifier. `config.problem_type` picks the loss as in Transformers:
+    `"single_label_classification"` (cross-entropy; -100 ignores a sentence), `"multi_label_classification"`
+    (binary cross-entropy per label) or `"regression"` (mean squared error); inferred from `num_labels` and the
+    label dtype when unset.
+    """
+
+    def __init__(self, config: ElmoConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.elmo = ElmoModel(config)
+        self.encoder = ElmoTaskEncoder(config)
+        self.classifier = nn.Linear(self.encoder.output_size, config.num_labels)
+        self.post_init()
+
+    def pool(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Word features `(batch, words, dim)` -> one vector per sentence `(batch, dim)`; 0 for a sentence of no words."""
+        weights = mask.unsqueeze(-1).to(features.dtype)
+        has_words = mask.any(dim=1, keepdim=True)
+        pooling = self.config.classifier_pooling
+        if pooling == "mean":
+            return (features * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
+        if pooling == "max":
+            masked = features.masked_fill(~mask.unsqueeze(-1), torch.finfo(features.dtype).min)
+            return torch.where(has_words, masked.amax(dim=1), torch.zeros_like(masked[:, 0]))
+        # "final": each direction's last step, i.e. forward at the last word and backward at the first word.
+        half = features.shape[-1] // 2
+        last = (mask.sum(dim=1) - 1).clamp(min=0)
+        rows = torch.arange(features.shape[0], device=features.device)
+        final = torch.cat([features[rows, last, :half], features[:, 0, half:]], dim=-1)
+        return final * has_words.to(features.dtype)
+
+    def sequence_loss(self, logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+        config = self.config
+        if config.problem_type is None:
+            if self.num_labels == 1:
+                config.problem_type = "regression"
+            elif labels.dtype in (torch.long, torch.int):
+                config.problem_type = "single_label_classification"
+            else:
+                config.problem_type = "multi_label_classification"
+        labels = labels.to(logits.device)
+        logits = logits.float()
+        if config.problem_type == "single_label_classification":
+            if labels.dim() != 1 or labels.shape[0] != logits.shape[0]:
+                raise ValueError(
+                    f"labels must hold one class id per sentence, shape ({logits.shape[0]},), got {tuple(labels.shape)}."
+                )
+            _check_label_ids(labels, self.num_labels, config.id2label)
+            labelled = labels != -100
+            loss_sum = nn.functional.cross_entropy(logits[labelled], labels[labelled], reduction="sum")
+            return self.normalised_loss(loss_sum, labelled.sum(), num_items_in_batch)
+        if config.problem_type == "regression" and self.num_labels == 1 and labels.dim() == 1:
+            labels = labels.unsqueeze(-1)
+        if labels.shape != logits.shape:
+            raise ValueError(
+                f"labels for {config.problem_type} must have shape {tuple(logits.shape)} (batch, num_labels), "
+                f"got {tuple(labels.shape)}."
+            )
+        labels = labels.float()
+        if config.problem_type == "regression":
+            loss_sum = nn.functional.mse_loss(logits, labels, reduction="sum")
+        elif config.problem_type == "multi_label_classification":
+            loss_sum = nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="sum")
+        else:
+            raise ValueError(
+                f"config.problem_type must be 'single_label_classification', 'multi_label_classification' or "
+                f"'regression', got {config.problem_type!r}."
+            )
+        return self.normalised_loss(loss_sum, torch.tensor(labels.numel(), device=logits.device), num_items_in_batch)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutput:
+        r"""
+        labels (`torch.Tensor`, *optional*):
+            Single-label: class ids `(batch_size,)` (-100 ignores a sentence). Multi-label: 0/1 floats
+            `(batch_size, num_labels)`. Regression: floats `(batch_size,)` or `(batch_size, num_labels)`.
+        num_items_in_batch (`int` or `torch.Tensor`, *optional*):
+            Number of labels (!= -100) in the whole accumulated batch (passed by the Trainer).
+        """
+        layers, mask = self.elmo_layers(input_ids, attention_mask)
+        logits = self.classifier(self.pool(self.encoder(layers, mask), mask))
+        loss = None if labels is None else self.sequence_loss(logits, labels, num_items_in_batch)
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=layers if output_hidden_states else None)
+
+
 __all__ = ["ElmoPreTrainedModel", "ElmoModel", "ElmoModelOutput", "ElmoCharacterEncoder", "ElmoHighway",
-           "ElmoLstmLayer", "ElmoBiLstm"]
+           "ElmoLstmLayer", "ElmoBiLstm",
+           "ElmoScalarMix", "ElmoTaskEncoder", "ElmoTaskPreTrainedModel", "ElmoForTokenClassification",
+           "ElmoForSequenceClassification"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Pretraining: ElmoForPreTraining, the forward and backward language models of bilm-tf over a word vocabulary.
+# ---------------------------------------------------------------------------------------------
+def sample_log_uniform_candidates(num_samples: int, vocab_size: int) -> tuple[torch.Tensor, int]:
+    """
+    `num_samples` distinct word ids drawn from the log-uniform (Zipfian) distribution
+    `P(k) = log((k + 2) / (k + 1)) / log(vocab_size + 1)` by rejection, as TensorFlow's `log_uniform_candidate_sampler`
+    with `unique=True` does. Returns the ids in order of first draw and the number of draws it took (which the
+    expected counts need). Uses the global CPU random generator, so checkpointed RNG state replays it.
+    """
+    log_range = math.log(vocab_size + 1)
+    draws = torch.empty(0, dtype=torch.long)
+    while True:
+        uniform = torch.rand(num_samples, dtype=torch.float64)
+        new = (torch.exp(uniform * log_range).long() - 1).clamp_(0, vocab_size - 1)
+        draws = torch.cat([draws, new])
+        unique, inverse = torch.unique(draws, return_inverse=True)
+        if unique.numel() >= num_samples:
+            break
+    positions = torch.arange(draws.numel())
+    first = torch.full((unique.numel(),), draws.numel(), dtype=torch.long).scatter_reduce(
+        0, inverse, positions, reduce="amin"
+    )
+    first = first.sort().values[:num_samples]
+    return draws[first], int(first[-1]) + 1
+
+
+def log_uniform_expected_count(ids: torch.Tensor, vocab_size: int, num_samples: int, num_tries: int) -> torch.Tensor:
+    """Expected number of times each id appears among the samples: TensorFlow's `ExpectedCountHelper`."""
+    ids = ids.to(torch.float64)
+    probability = (torch.log(ids + 2) - torch.log(ids + 1)) / math.log(vocab_size + 1)
+    if num_tries == num_samples:
+        return probability * num_samples
+    return -torch.expm1(num_tries * torch.log1p(-probability))
+
+
+@dataclass
+class ElmoForPreTrainingOutput(ModelOutput):
+    r"""
+    loss (`torch.FloatTensor` of shape `()`, returned with `labels`):
+        Mean of `forward_loss` and `backward_loss`.
+    forward_loss (`torch.FloatTensor` of shape `()`, returned with `labels`):
+        Mean negative log-likelihood per prediction of the forward LM (`<S>` predicts word 0, word i predicts word
+        i + 1, the last word predicts `</S>`). `exp(forward_loss)` is its perplexity (with the full softmax).
+    backward_loss (`torch.FloatTensor` of shape `()`, returned with `labels`):
+        The same for the backward LM (`</S>` predicts the last word, word i predicts word i - 1, word 0 predicts
+        `<S>`).
+    num_predictions (`torch.LongTensor` of shape `()`, returned with `labels`):
+        Predictions per direction behind each loss, to weight batches when averaging perplexities.
+    forward_logits (`torch.FloatTensor` of shape `(batch_size, num_words + 2, vocab_size)`, returned without `labels`):
+        Full-softmax scores of the word that follows each position, positions laid out as in
+        `keep_sentence_boundaries=True` (0 = `<S>`, i + 1 = word i, then `</S>`).
+    backward_logits (`torch.FloatTensor` of shape `(batch_size, num_words + 2, vocab_size)`, returned without `labels`):
+        Full-softmax scores of the word that precedes each position.
+    hidden_states (`tuple(torch.FloatTensor)`, returned with `output_hidden_states=True`):
+        The biLM layers with the `<S>`/`</S>` positions, as in `ElmoModelOutput`.
+    word_mask (`torch.BoolTensor` of shape `(batch_size, num_words + 2)`):
+        Which positions are real (`<S>`, the words, `</S>`).
+    """
+
+    loss: torch.FloatTensor | None = None
+    forward_loss: torch.FloatTensor | None = None
+    backward_loss: torch.FloatTensor | None = None
+    num_predictions: torch.LongTensor | None = None
+    forward_logits: torch.FloatTensor | None = None
+    backward_logits: torch.FloatTensor | None = None
+    hidden_states: tuple[torch.FloatTensor, ...] | None = None
+    word_mask: torch.BoolTensor | None = None
+
+
+class ElmoForPreTraining(ElmoPreTrainedModel):
+    """
+    The biLM with bilm-tf's training objective: a forward and a backward language model over a word vocabulary
+    (`config.vocab_size` words, frequency sorted, `<S>` = `config.bos_word_id`, `</S>` = `config.eos_word_id`), both
+    directions scored by ONE softmax layer (`self.softmax`, a single module, so it is stored once). Loss = mean of
+    the two directions. In training, when `0 < config.num_softmax_samples < vocab_size`, a sampled softmax with
+    log-uniform negatives replaces the full one (bilm-tf's recipe: 8192 negatives, shared by all positions and
+    both directions of a batch, expected-count correction, accidental hits removed). Evaluation always uses the
+    full softmax, so `exp(forward_loss)` is a true perplexity there.
+    """
+
+    accepts_loss_kwargs = False
+
+    def __init__(self, config: ElmoConfig):
+        super().__init__(config)
+        if config.vocab_size is None:
+            raise ValueError(
+                "ElmoForPreTraining needs config.vocab_size (the size of the word vocabulary, e.g. "
+                "tokenizer.word_vocab_size)."
+            )
+        self.elmo = ElmoModel(config)
+        self.dropout = nn.Dropout(config.lm_dropout)
+        self.softmax = nn.Linear(config.projection_dim, config.vocab_size)
+        self.post_init()
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if module is getattr(self, "softmax", None):
+            # bilm-tf's softmax initialisation.
+            init.normal_(module.weight, mean=0.0, std=self.config.projection_dim**-0.5)
+            init.zeros_(module.bias)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.elmo.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding):
+        self.elmo.set_input_embeddings(value)
+
+    @property
+    def uses_sampled_softmax(self) -> bool:
+        return self.training and 0 < self.config.num_softmax_samples < self.config.vocab_size
+
+    def lm_targets(self, labels: torch.Tensor, word_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """
+        Per-position targets `(batch, num_words + 2)` of the forward and backward LM from word labels
+        `(batch, num_words)` and the boundary-layout `word_mask`; -100 where nothing is predicted.
+        """
+        batch_size, num_words = labels.shape
+        lengths = word_mask.sum(dim=1) - 2
+        rows = torch.arange(batch_size, device=labels.device)
+        forward_targets = labels.new_full((batch_size, num_words + 2), -100)
+        forward_targets[:, :num_words] = labels
+        forward_targets[rows, lengths] = self.config.eos_word_id
+        backward_targets = labels.new_full((batch_size, num_words + 2), -100)
+        backward_targets[:, 2:] = labels
+        backward_targets[:, 1] = self.config.bos_word_id
+        return forward_targets, backward_targets
+
+    def _check_labels(self, labels: torch.Tensor, input_ids: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+        if labels.shape != input_ids.shape[:2]:
+            raise ValueError(
+                f"labels must have shape {tuple(input_ids.shape[:2])} (batch, words): one word id per input word, "
+                f"got {tuple(labels.shape)}."
+            )
+        if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+            raise ValueError(f"labels must hold integer word ids, got dtype {labels.dtype}.")
+        labels = labels.masked_fill(~words, -100)
+        bad = words & (labels != -100) & ((labels < 0) | (labels >= self.config.vocab_size))
+        if bad.any():
+            b, i = (int(v) for v in bad.nonzero()[0])
+            raise ValueError(
+                f"labels[{b}, {i}] = {int(labels[b, i])} is not a word id in [0, {self.config.vocab_size}) "
+                "(config.vocab_size) nor -100 (ignored)."
+            )
+        return labels
+
+    def _full_softmax_losses(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # In row chunks so that evaluating a large vocabulary never holds (positions x vocab) scores at once.
+        chunk = max(1, 2**25 // self.config.vocab_size)
+        losses = [
+            nn.functional.cross_entropy(self.softmax(h).float(), t, reduction="none")
+            for h, t in zip(hidden.split(chunk), targets.split(chunk))
+        ]
+        return torch.cat(losses) if losses else hidden.new_zeros(0, dtype=torch.float32)
+
+    def _sampled_softmax_losses(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        vocab_size, num_samples = self.config.vocab_size, self.config.num_softmax_samples
+        candidates, num_tries = sample_log_uniform_candidates(num_samples, vocab_size)
+        candidates = candidates.to(targets.device)
+        log_q_sampled = log_uniform_expected_count(candidates, vocab_size, num_samples, num_tries).log()
+        log_q_true = log_uniform_expected_count(targets, vocab_size, num_samples, num_tries).log()
+        weight, bias = self.softmax.weight, self.softmax.bias
+        true_logits = (hidden * weight[targets]).sum(-1) + bias[targets] - log_q_true.to(hidden.dtype)
+        sampled_logits = hidden @ weight[candidates].t() + bias[candidates] - log_q_sampled.to(hidden.dtype)
+        # A negative that happens to be the target would be counted against itself.
+        sampled_logits = sampled_logits.float().masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
+        logits = torch.cat([true_logits.float()[:, None], sampled_logits], dim=1)
+        return nn.functional.cross_entropy(logits, targets.new_zeros(targets.shape), reduction="none")
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> ElmoForPreTrainingOutput:
+        r"""
+        input_ids (`torch.LongTensor` of shape `(batch_size, num_words, max_characters_per_token)`):
+            Char ids per word from `ElmoTokenizer`.
+        attention_mask (`torch.Tensor` of shape `(batch_size, num_words)`, *optional*):
+            1 for words, 0 for padding.
+        labels (`torch.LongTensor` of shape `(batch_size, num_words)`, *optional*):
+            Word id of each input word in the word vocabulary (`tokenizer.words_to_indices(words)`), -100 for
+            padding (a word labelled -100 is not predicted). The `<S>`/`</S>` targets are added here.
+        """
+        outputs = self.elmo(
+            input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=output_hidden_states,
+            keep_sentence_boundaries=True,
+        )
+        word_mask = outputs.word_mask
+        forward_hidden, backward_hidden = self.dropout(outputs.last_hidden_state).split(self.config.projection_dim, -1)
+        result = ElmoForPreTrainingOutput(hidden_states=outputs.hidden_states, word_mask=word_mask)
+        if labels is None:
+            result.forward_logits = self.softmax(forward_hidden)
+            result.backward_logits = self.softmax(backward_hidden)
+            return result
+
+        labels = self._check_labels(labels, input_ids, word_mask[:, 1:-1])
+        forward_targets, backward_targets = self.lm_targets(labels, word_mask)
+        forward_keep, backward_keep = forward_targets != -100, backward_targets != -100
+        hidden = torch.cat([forward_hidden[forward_keep], backward_hidden[backward_keep]])
+        targets = torch.cat([forward_targets[forward_keep], backward_targets[backward_keep]])
+        if self.uses_sampled_softmax:
+            losses = self._sampled_softmax_losses(hidden, targets)
+        else:
+            losses = self._full_softmax_losses(hidden, targets)
+        forward_losses, backward_losses = losses.split([int(forward_keep.sum()), int(backward_keep.sum())])
+        result.forward_loss = forward_losses.mean()
+        result.backward_loss = backward_losses.mean()
+        result.loss = (result.forward_loss + result.backward_loss) / 2
+        result.num_predictions = forward_keep.sum()
+        return result
+
+
+__all__ += ["ElmoForPreTraining", "ElmoForPreTrainingOutput"]

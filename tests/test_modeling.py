@@ -103,6 +103,12 @@ def test_bf16_runs_close_to_fp32(batch):
         low = model.to(torch.bfloat16)(**batch).last_hidden_state
     assert low.dtype == torch.bfloat16
     assert (low.float() - reference).abs().max() < 0.05
+    # fp32 weights under bf16 autocast (how mixed-precision training evaluates) also run.
+    model.float()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = model(**batch).last_hidden_state
+    assert mixed.dtype == torch.bfloat16
+    assert (mixed.float() - reference).abs().max() < 0.05
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(batch):

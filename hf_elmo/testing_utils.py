@@ -1,0 +1,150 @@
+"""bilm-tf's own small test model, for trying hf_elmo and for its tests without downloading real ELMo weights.
+
+The allennlp 0.9.0 wheel on PyPI ships bilm-tf's fixture weights and the outputs bilm-tf computed from them
+(`allennlp/tests/fixtures/elmo/`). `allennlp_fixture_root()` fetches the wheel once with
+`pip download --no-deps allennlp==0.9.0` into a cache and unpacks only those fixture files; allennlp itself is
+never installed or imported.
+"""
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+
+logger = logging.getLogger(__name__)
+
+ALLENNLP_WHEEL = "allennlp-0.9.0-py3-none-any.whl"
+FIXTURE_PREFIXES = (
+    "allennlp/tests/fixtures/elmo/",
+    "allennlp/tests/fixtures/elmo_multilingual/",
+    "allennlp/tests/fixtures/data/conll2003.txt",
+)
+
+
+def cache_dir() -> Path:
+    """$HF_ELMO_TEST_CACHE, default ~/.cache/hf_elmo_tests."""
+    return Path(os.environ.get("HF_ELMO_TEST_CACHE", Path.home() / ".cache" / "hf_elmo_tests"))
+
+
+def allennlp_fixture_root() -> Path:
+    """`allennlp/tests/fixtures` of the allennlp 0.9.0 wheel, fetched and unpacked on first use."""
+    cache = cache_dir()
+    unpacked = cache / "allennlp-0.9.0"
+    root = unpacked / "allennlp" / "tests" / "fixtures"
+    if (root / "elmo" / "lm_weights.hdf5").exists():
+        return root
+    cache.mkdir(parents=True, exist_ok=True)
+    wheel = cache / ALLENNLP_WHEEL
+    if not wheel.exists():
+        logger.info("Fetching %s (bilm-tf's test fixtures) into %s", ALLENNLP_WHEEL, cache)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "allennlp==0.9.0", "-d", str(cache)],
+            check=True,
+        )
+    # Unpack beside the final place and move it in whole, so an interrupted run leaves no partial tree.
+    staging = Path(tempfile.mkdtemp(dir=cache, prefix="allennlp-0.9.0.partial-"))
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(staging, [n for n in archive.namelist() if n.startswith(FIXTURE_PREFIXES)])
+    shutil.rmtree(unpacked, ignore_errors=True)
+    os.replace(staging, unpacked)
+    return root
+
+
+def bilm_tf_fixture_dir() -> Path:
+    """Folder with bilm-tf's test model: options.json, lm_weights.hdf5, vocab_test.txt, lm_embeddings_*.hdf5, ..."""
+    return allennlp_fixture_root() / "elmo"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real English text for pretraining tests: a few thousand Wikipedia sentences (CC BY-SA) from the gensim 4.4.0 wheel's
+# test data, cleaned of wiki markup. Fetched with pip at run time and cached; the text is never committed.
+# ---------------------------------------------------------------------------------------------------------------
+GENSIM_WHEEL = "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_x86_64.whl"
+GENSIM_ENWIKI_MEMBER = "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+ENGLISH_SAMPLE_SENTENCES = 4000
+
+
+def english_text_sample() -> Path:
+    """
+    A UTF-8 file of 4000 English sentences, one per line (raw text, not tokenised), from the Wikipedia sample in the
+    gensim 4.4.0 wheel. The wheel is fetched once (`pip download`, a fixed platform so every machine gets the same
+    file) into `cache_dir()`; the same sentences come out everywhere.
+    """
+    cache = cache_dir()
+    target = cache / "enwiki-sample" / f"sentences-{ENGLISH_SAMPLE_SENTENCES}.txt"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    wheel = cache / GENSIM_WHEEL
+    if not wheel.exists():
+        logger.info("Fetching %s (a Wikipedia sample in its test data) into %s", GENSIM_WHEEL, cache)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:",
+             "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp",
+             "gensim==4.4.0", "-d", str(cache)],
+            check=True,
+        )
+    import bz2
+
+    with zipfile.ZipFile(wheel) as archive:
+        dump = bz2.decompress(archive.read(GENSIM_ENWIKI_MEMBER))
+    sentences = list(_wikipedia_sentences(dump))[::4][:ENGLISH_SAMPLE_SENTENCES]
+    if len(sentences) < ENGLISH_SAMPLE_SENTENCES:
+        raise RuntimeError(f"{GENSIM_ENWIKI_MEMBER}: only {len(sentences)} clean sentences, expected more.")
+    # Written beside the final place and renamed, so an interrupted run leaves no partial file.
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, staging = tempfile.mkstemp(dir=target.parent, prefix=".sentences-", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write("".join(s + "\n" for s in sentences))
+    os.replace(staging, target)
+    return target
+
+
+def _wikipedia_sentences(dump: bytes):
+    """Sentences of the article pages of a MediaWiki XML dump, in page order, with the markup removed."""
+    import html
+    import io
+    import re
+    import xml.etree.ElementTree as ElementTree
+
+    tags = re.compile(r"<ref[^>]*/>|<ref[^>]*>.*?</ref>|<!--.*?-->|<[^>]+>", re.S)
+    templates = re.compile(r"\{\{[^{}]*\}\}|\{\|[^{}]*?\|\}")
+    file_links = re.compile(r"\[\[(?:File|Image|Category|[a-z\-]{2,12}):[^\[\]]*\]\]", re.I)
+    links = re.compile(r"\[\[(?:[^\[\]|]*\|)?([^\[\]|]*)\]\]")
+    external_links = re.compile(r"\[(?:https?|ftp)://[^\s\]]+\s*([^\]]*)\]")
+    sentence_end = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+    clean = re.compile(r"^[A-Z][^\[\]{}|=<>*#_\\]*[.!?]$")
+
+    def sentences_of(text):
+        text = tags.sub(" ", html.unescape(tags.sub(" ", html.unescape(text))))
+        for _ in range(10):  # innermost templates first: they nest
+            text, found = templates.subn(" ", text)
+            if not found:
+                break
+        for _ in range(5):
+            text = file_links.sub(" ", text)
+            text, found = links.subn(r"\1", text)
+            if not found:
+                break
+        text = external_links.sub(r"\1", text).replace("'''", "").replace("''", "")
+        for line in text.split("\n"):
+            line = " ".join(line.split())
+            if not line or line[0] in "=*#:;|!{}":
+                continue
+            for sentence in sentence_end.split(line):
+                if 6 <= len(sentence.split()) <= 50 and clean.match(sentence):
+                    yield sentence
+
+    for _, element in ElementTree.iterparse(io.BytesIO(dump)):
+        if element.tag.endswith("}page"):
+            namespace = element.find("{*}ns")
+            text = element.find("{*}revision/{*}text")
+            if namespace is not None and namespace.text == "0" and text is not None and text.text:
+                if not text.text.lstrip().lower().startswith("#redirect"):
+                    yield from sentences_of(text.text)
+            element.clear()
