@@ -14,11 +14,13 @@ from .configuration_elmo import ElmoConfig
 # for which bilm-tf's outputs exist and were compared against (tests/test_golden.py).
 BILM_TF_FIXTURE_WEIGHTS_SHA256 = "dfdfd3001b5965b4b6ef857ac772b6624984f8248eaae08fb9be6d1b51ad8755"
 
-# Max |diff| vs the outputs bilm-tf computed for its test model (tests/test_golden.py).
+# Max |diff| vs the outputs bilm-tf computed for its test model, as measured by tests/test_golden.py on the
+# development machine (x86_64 CPU, torch 2.13, fp32, default fast path), rounded up. The tests hold every
+# machine to 1e-5; float32 kernels differ across CPUs, so update these when the measurement changes.
 GOLDEN_FIGURES = {
     "token_layer": 7.2e-07,
-    "top_layer_batch_0_zero_state": 7.2e-07,
-    "top_layer_10_batches_state_carried": 7.2e-07,
+    "top_layer_batch_0_zero_state": 9.6e-07,
+    "top_layer_10_batches_state_carried": 9.6e-07,
 }
 
 # Pipeline tag by the suffix of the saved architecture; anything else (the biLM, a language-model head) gives

@@ -55,12 +55,12 @@ def test_converted_fixture_card_metadata_and_figures(converted_dir, elmo_fixture
         },
         "verification": {
             "compared_with_bilm_tf_outputs": True,
-            "max_abs_diff": {"token_layer": 7.2e-07, "top_layer_batch_0_zero_state": 7.2e-07,
-                             "top_layer_10_batches_state_carried": 7.2e-07},
+            "max_abs_diff": {"token_layer": 7.2e-07, "top_layer_batch_0_zero_state": 9.6e-07,
+                             "top_layer_10_batches_state_carried": 9.6e-07},
         },
     }
     text = card.text
-    assert "| top layer, all 10 batches, LSTM state carried | 7.2e-07 |" in text
+    assert "| top layer, all 10 batches, LSTM state carried | 9.6e-07 |" in text
     assert f"| weights | `lm_weights.hdf5` | `{BILM_TF_FIXTURE_WEIGHTS_SHA256}` |" in text
     assert "layer 0 is the context-free token layer (char CNN) duplicated as `[x; x]`" in text
     assert "`ElmoScalarMix`" in text and "gamma * sum_j softmax(w)_j * layer_j" in text
