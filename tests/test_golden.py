@@ -2,9 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import h5py
 import numpy as np
@@ -14,10 +11,10 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from hf_elmo import ElmoConfig, ElmoModel, ElmoTokenizer
 from hf_elmo.convert import load_bilm_tf
+from remote_code import run_without_hf_elmo
 
 
 TOLERANCE = 1e-5
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def golden_batches(elmo_fixture):
@@ -94,51 +91,29 @@ def test_auto_classes_load_converted_folder(converted_dir, elmo_fixture):
             "bilm_tf_source.json", "configuration_elmo.py", "modeling_elmo.py", "tokenization_elmo.py"} <= files
 
 
-REMOTE_CODE_SCRIPT = textwrap.dedent(
-    """
-    import importlib.abc, json, sys
+REMOTE_CODE_SCRIPT = """
+import json, sys
+import torch
+from transformers import AutoModel, AutoTokenizer
 
-    class BlockHfElmo(importlib.abc.MetaPathFinder):
-        # Behave as if hf_elmo were not installed at all.
-        def find_spec(self, name, path=None, target=None):
-            if name == "hf_elmo" or name.startswith("hf_elmo."):
-                raise ModuleNotFoundError(f"No module named {name!r}")
-
-    sys.meta_path.insert(0, BlockHfElmo())
-    try:
-        import hf_elmo
-        raise SystemExit("hf_elmo is importable; the test would prove nothing")
-    except ModuleNotFoundError:
-        pass
-
-    import torch
-    from transformers import AutoModel, AutoTokenizer
-
-    folder, sentences = sys.argv[1], json.loads(sys.argv[2])
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-    model = AutoModel.from_pretrained(folder, trust_remote_code=True)
-    state, tops = None, []
-    for words in sentences:
-        batch = tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt")
-        with torch.no_grad():
-            output = model(**batch, lstm_state=state, return_lstm_state=True)
-        state = output.lstm_state
-        tops.append(output.last_hidden_state.tolist())
-    print(json.dumps({"model": type(model).__module__, "tokenizer": type(tokenizer).__module__, "tops": tops}))
-    """
-)
+folder, sentences = sys.argv[1], json.loads(sys.argv[2])
+tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+model = AutoModel.from_pretrained(folder, trust_remote_code=True)
+state, tops = None, []
+for words in sentences:
+    batch = tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        output = model(**batch, lstm_state=state, return_lstm_state=True)
+    state = output.lstm_state
+    tops.append(output.last_hidden_state.tolist())
+print(json.dumps({"model": type(model).__module__, "tokenizer": type(tokenizer).__module__, "tops": tops}))
+"""
 
 
 def test_trust_remote_code_without_hf_elmo(converted_dir, elmo_fixture, tmp_path):
     batches = list(golden_batches(elmo_fixture))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
-    result = subprocess.run(
-        [sys.executable, "-c", REMOTE_CODE_SCRIPT, str(converted_dir), json.dumps([w for w, _ in batches])],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_without_hf_elmo(REMOTE_CODE_SCRIPT, [str(converted_dir), json.dumps([w for w, _ in batches])],
+                                 tmp_path)
     assert report["model"].startswith("transformers_modules.")
     assert report["tokenizer"].startswith("transformers_modules.")
     worst = 0.0
