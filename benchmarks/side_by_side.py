@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Run the AllenNLP peer and hf_elmo on the same weights and workload, one after the other, per config.
 
-  python benchmarks/side_by_side.py [--configs small original] [--peer-bench PATH] [--peer-python PYTHON]
-                                    [--wait-quiet 60] [--repeats 3] [--batch-size 32] [--threads 2]
+  python benchmarks/side_by_side.py [--configs small original] [--mode chars|cached] [--dtype fp32|bf16]
+                                    [--peer-bench PATH] [--peer-python PYTHON] [--wait-quiet 60]
+                                    [--repeats 3] [--batch-size 32] [--threads 2]
 
 For each config: the peer's bench_peer.py runs first (it writes random weights of the published shapes to
 $ELMO_PEER_DIR/weights/{config}_random_weights.hdf5 with {config}_options.json), then
 benchmarks/bench_inference.py runs on those same two files. Prints the peer's JSON line, ours, and a summary
-line with the ratios; all JSON. Build the peer once first (see benchmarks/README.md).
+line with the ratios; all JSON. Build the peer once first (see benchmarks/README.md). --mode cached runs the
+peer with its vocabulary cache and us with --cache-vocab; --dtype applies to our side only (the peer is fp32).
 """
 
 import argparse
@@ -40,20 +42,23 @@ def main():
     ap.add_argument("--n-sentences", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mode", choices=["chars", "cached"], default="chars")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="our side's dtype")
     ap.add_argument("--wait-quiet", type=float, default=60.0,
                     help="each side waits up to this many seconds before each timed pass for an idle machine")
     args = ap.parse_args()
 
     common = ["--batch-size", str(args.batch_size), "--n-sentences", str(args.n_sentences),
               "--threads", str(args.threads), "--repeats", str(args.repeats), "--wait-quiet", str(args.wait_quiet)]
-    summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "configs": {}}
+    summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "mode": args.mode, "dtype": args.dtype, "configs": {}}
     for config in args.configs:
-        peer = run_json([args.peer_python, args.peer_bench, "--config", config, *common])
+        peer = run_json([args.peer_python, args.peer_bench, "--config", config, "--mode", args.mode, *common])
         print(json.dumps(peer), flush=True)
         weights_dir = os.path.join(PEER_DIR, "weights")
         ours = run_json([sys.executable, os.path.join(HERE, "bench_inference.py"),
                          "--options", os.path.join(weights_dir, f"{config}_options.json"),
-                         "--weights", os.path.join(weights_dir, f"{config}_random_weights.hdf5"), *common])
+                         "--weights", os.path.join(weights_dir, f"{config}_random_weights.hdf5"),
+                         "--dtype", args.dtype, *(["--cache-vocab"] if args.mode == "cached" else []), *common])
         print(json.dumps(ours), flush=True)
         if ours["workload_sha1"] != peer["workload_sha1"]:
             sys.exit(f"workloads differ: ours {ours['workload_sha1']}, peer {peer['workload_sha1']}")
