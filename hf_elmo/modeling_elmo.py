@@ -367,10 +367,10 @@ class ElmoBiLstm(nn.Module):
             # The first layer reads the token layer, where every occurrence of a word is the same vector: its input
             # gates are computed once per distinct vector. (Inference only: with autograd, equal rows may come from
             # different sources, and each must get its own gradient.)
-            rows, forward_row = torch.unique(layer_input[0], dim=0, return_inverse=True)
+            distinct_rows, forward_row = torch.unique(layer_input[0], dim=0, return_inverse=True)
             row_of = forward_row.new_empty(batch_size * num_steps)
             row_of[forward_source] = forward_row
-            distinct = (rows, torch.stack([forward_row, row_of[backward_source]]))
+            distinct = (distinct_rows, torch.stack([forward_row, row_of[backward_source]]))
 
         packed_outputs, final_cells, final_hiddens, workspace = [], [], [], {}
         for index in range(len(self.forward_layers)):
