@@ -31,6 +31,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HF_ELMO_TEST_CACHE", Path.home() / ".cache" / "hf_elmo_tests"))
 
 
+def _fetched_wheel(filename: str, requirement: str, why: str, *pip_options: str) -> Path:
+    """`cache_dir()/filename`, downloaded once with `pip download --no-deps` (the only network use here)."""
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    wheel = cache / filename
+    if not wheel.exists():
+        logger.info("Fetching %s (%s) into %s", filename, why, cache)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *pip_options, requirement,
+             "-d", str(cache)],
+            check=True,
+        )
+    return wheel
+
+
 def allennlp_fixture_root() -> Path:
     """`allennlp/tests/fixtures` of the allennlp 0.9.0 wheel, fetched and unpacked on first use."""
     cache = cache_dir()
@@ -38,14 +53,7 @@ def allennlp_fixture_root() -> Path:
     root = unpacked / "allennlp" / "tests" / "fixtures"
     if (root / "elmo" / "lm_weights.hdf5").exists():
         return root
-    cache.mkdir(parents=True, exist_ok=True)
-    wheel = cache / ALLENNLP_WHEEL
-    if not wheel.exists():
-        logger.info("Fetching %s (bilm-tf's test fixtures) into %s", ALLENNLP_WHEEL, cache)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "allennlp==0.9.0", "-d", str(cache)],
-            check=True,
-        )
+    wheel = _fetched_wheel(ALLENNLP_WHEEL, "allennlp==0.9.0", "bilm-tf's test fixtures")
     # Unpack beside the final place and move it in whole, so an interrupted run leaves no partial tree.
     staging = Path(tempfile.mkdtemp(dir=cache, prefix="allennlp-0.9.0.partial-"))
     with zipfile.ZipFile(wheel) as archive:
@@ -79,16 +87,11 @@ def english_text_sample() -> Path:
     target = cache / "enwiki-sample" / f"sentences-{ENGLISH_SAMPLE_SENTENCES}.txt"
     if target.exists():
         return target
-    cache.mkdir(parents=True, exist_ok=True)
-    wheel = cache / GENSIM_WHEEL
-    if not wheel.exists():
-        logger.info("Fetching %s (a Wikipedia sample in its test data) into %s", GENSIM_WHEEL, cache)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:",
-             "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp",
-             "gensim==4.4.0", "-d", str(cache)],
-            check=True,
-        )
+    wheel = _fetched_wheel(
+        GENSIM_WHEEL, "gensim==4.4.0", "a Wikipedia sample in its test data",
+        "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
+        "--implementation", "cp",
+    )
     import bz2
 
     with zipfile.ZipFile(wheel) as archive:
