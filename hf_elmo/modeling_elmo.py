@@ -30,6 +30,28 @@ logger = logging.get_logger(__name__)
 FORGET_GATE_BIAS = 1.0
 
 
+def few_column_matmul(weight: torch.Tensor, columns: torch.Tensor, out: torch.Tensor, add: torch.Tensor | None = None):
+    """
+    `out = add + weight @ columns` for a tall `weight` and a few `columns` (one per sentence still being read).
+
+    CPU BLAS shares such a product between threads badly at some column counts (MKL with 32 columns: 2.2 ms for
+    "original"'s 16384x512 recurrent weight, against 1.7 ms with 31). Handing it row blocks of the weight as one
+    batched matmul keeps every thread on whole blocks: 1.5 ms at 32 columns and never slower elsewhere, except
+    for a single column, where the matrix-vector product is faster still.
+    """
+    blocks = max(2, min(16, weight.shape[0] // 256))
+    if columns.shape[1] == 1 or weight.shape[0] % blocks:
+        return torch.mm(weight, columns, out=out) if add is None else torch.addmm(add, weight, columns, out=out)
+    weight = weight.view(blocks, -1, weight.shape[1])
+    columns = columns.expand(blocks, *columns.shape)
+    blocked_out = out.view(blocks, -1, out.shape[1])
+    if add is None:
+        torch.bmm(weight, columns, out=blocked_out)
+    else:
+        torch.baddbmm(add.view(blocks, -1, add.shape[1]), weight, columns, out=blocked_out)
+    return out
+
+
 @dataclass
 class ElmoModelOutput(BaseModelOutput):
     r"""
@@ -558,7 +580,7 @@ class ElmoBiLstm(nn.Module):
         `new_hidden` (not into `cell` and `hidden`, which it reads). Contiguous gates make the element-wise work
         ~4x faster than working in place on a column slice of the input gates.
         """
-        torch.addmm(input_part, layer.recurrent_proj.weight, hidden, out=gates)
+        few_column_matmul(layer.recurrent_proj.weight, hidden, gates, add=input_part)
         in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=0)
         in_gate.sigmoid_()
         gates[2 * cell.shape[0] :].sigmoid_()  # forget and output gates
@@ -569,7 +591,7 @@ class ElmoBiLstm(nn.Module):
             new_cell.clamp_(-layer.cell_clip, layer.cell_clip)
         output = torch.tanh(new_cell, out=candidate).mul_(out_gate)  # candidate is spent: reuse its rows
         if isinstance(layer.output_proj, nn.Linear):
-            torch.mm(layer.output_proj.weight, output, out=new_hidden)
+            few_column_matmul(layer.output_proj.weight, output, new_hidden)
         else:
             new_hidden.copy_(output)
         if layer.proj_clip is not None:
