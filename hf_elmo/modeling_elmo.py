@@ -322,14 +322,24 @@ class ElmoBiLstm(nn.Module):
         self.backward_layers = nn.ModuleList(ElmoLstmLayer(config) for _ in range(config.num_lstm_layers))
 
     def forward(
-        self, tokens: torch.Tensor, mask: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor],
+        output_layers: tuple[int, ...] | None = None,
+        words_only: bool = False,
     ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """
         tokens `(batch, time, projection_dim)`, mask `(batch, time)` prefix, state `(cell, hidden)` shaped
-        `(layers, 2, batch, ·)`. Returns one `(batch, time, 2 * projection_dim)` tensor per layer and the final state.
+        `(layers, 2, batch, ·)`. Returns a `(batch, time, 2 * projection_dim)` tensor for each layer index in
+        `output_layers` (all layers by default), zero past each row's length, and the final state. With
+        `words_only`, each row's first and last position (`<S>`, `</S>`) are left out: `(batch, time - 2, ·)`.
+        Only the layers asked for are laid out, which is most of this module's output memory.
         """
+        if output_layers is None:
+            output_layers = tuple(range(len(self.forward_layers)))
         if self.use_fast_path:
-            return self._fast_forward(tokens, mask, state)
+            return self._fast_forward(tokens, mask, state, output_layers, words_only)
         # The reference path: the specification of the biLSTM, and the oracle of the fast path's tests.
         lengths = mask.sum(dim=1)
         final_cells, final_hiddens, layer_outputs = [], [], []
@@ -349,8 +359,12 @@ class ElmoBiLstm(nn.Module):
             directions.append(outputs)
             final_cells.append(torch.stack(cells))
             final_hiddens.append(torch.stack(hiddens))
-        for forward_output, backward_output in zip(*directions):
-            layer_outputs.append(torch.cat([forward_output, backward_output], dim=-1))
+        for index in output_layers:
+            output = torch.cat([directions[0][index], directions[1][index]], dim=-1)
+            if words_only:
+                # Word w sits at position w + 1; it is a word (not </S>) while w + 2 < length.
+                output = output[:, 1:-1] * mask[:, 2:, None]
+            layer_outputs.append(output)
         return layer_outputs, (torch.stack(final_cells, dim=1), torch.stack(final_hiddens, dim=1))
 
     # Fast path (the default): the same function as the reference path above, on the same parameters. Each step
@@ -358,11 +372,21 @@ class ElmoBiLstm(nn.Module):
     # a prefix. Select the reference path with `use_fast_path = False`.
     use_fast_path = True
     # Values of input gates computed by one matmul: larger blocks reuse each read of the input weights for more
-    # positions (faster), smaller ones bound the memory; 4M values (16 MB in fp32) is 256 positions of "original".
-    input_gates_block_values = 1 << 22
+    # positions, smaller ones bound the memory. 2M values (8 MB in fp32) is 128 positions of "original", as fast
+    # as 256 (measured) and half the memory.
+    input_gates_block_values = 1 << 21
+    # The first layer's input gates are computed once per distinct word of the batch (a table the steps gather
+    # from) when the table has at most this many values: 4M (16 MB) is 256 distinct words of "original". Worth
+    # ~18% of "original"'s speed on the benchmark's batches; past the bound, blocks as in the other layers.
+    input_gates_table_values = 1 << 22
 
     def _fast_forward(
-        self, tokens: torch.Tensor, mask: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor,
+        state: tuple[torch.Tensor, torch.Tensor],
+        output_layers: tuple[int, ...],
+        words_only: bool,
     ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         batch_size, num_steps, width = tokens.shape
         lengths = mask.sum(dim=1)
@@ -406,22 +430,28 @@ class ElmoBiLstm(nn.Module):
                     index, layer_input, *initial, rows_at, distinct if index == 0 else None, workspace
                 )
             if index > 0 and self.use_skip_connections:
-                output = output + layer_input
-            packed_outputs.append(output)
+                output = output.add_(layer_input) if not torch.is_grad_enabled() else output + layer_input
+            # A layer that is not asked for is freed once the next one has read it.
+            packed_outputs.append(output if index in output_layers else None)
             final_cells.append(cell)
             final_hiddens.append(hidden)
             layer_input = output
 
         workspace.clear()  # before the padded outputs are allocated
-        # Unpack into the padded layout (zeros past each row's length), backward outputs back in reading order.
-        target = torch.cat([forward_source, backward_source])
-        half = torch.arange(2, device=tokens.device).repeat_interleave(forward_source.shape[0])
-        layer_outputs = [
-            output.new_zeros(batch_size * num_steps, 2, width)
-            .index_put_((target, half), output.flatten(0, 1))
-            .view(batch_size, num_steps, 2 * width)
-            for output in packed_outputs
-        ]
+        # Unpack straight into the padded output layout (zeros past each row's length), backward outputs back in
+        # reading order. Without the first and last positions, those land in one spare row past the end.
+        out_steps = num_steps - 2 if words_only else num_steps
+        steps = torch.stack([step_index, sorted_lengths[row_index] - 1 - step_index])  # (2, positions)
+        target = order[row_index] * out_steps + steps
+        if words_only:
+            target = torch.where((steps >= 1) & (steps <= sorted_lengths[row_index] - 2), target - 1, batch_size * out_steps)
+        half = torch.arange(2, device=tokens.device)[:, None].expand_as(target)
+        layer_outputs = []
+        for index in output_layers:
+            output = packed_outputs[index]
+            unpacked = output.new_zeros(batch_size * out_steps + words_only, 2, width)
+            unpacked.index_put_((target.flatten(), half.flatten()), output.flatten(0, 1))
+            layer_outputs.append(unpacked[: batch_size * out_steps].view(batch_size, out_steps, 2 * width))
         restore = torch.argsort(order)
         return layer_outputs, (torch.stack(final_cells)[:, :, restore], torch.stack(final_hiddens)[:, :, restore])
 
@@ -441,6 +471,10 @@ class ElmoBiLstm(nn.Module):
         `distinct`, without autograd only: the distinct input rows and, per direction, each position's row.
         """
         layers = (self.forward_layers[index], self.backward_layers[index])
+        # Working in place, both directions write their outputs straight into one tensor.
+        out = None
+        if workspace is not None and self._works_in_place(inputs):
+            out = inputs.new_empty(2, inputs.shape[1], hidden.shape[-1])
         results = [
             self._fast_direction(
                 layers[d],
@@ -450,10 +484,17 @@ class ElmoBiLstm(nn.Module):
                 rows_at,
                 None if distinct is None else (distinct[0], distinct[1][d]),
                 {} if workspace is None else workspace,
+                None if out is None else out[d],
             )
             for d in range(2)
         ]
-        return tuple(torch.stack(parts) for parts in zip(*results))
+        outputs, cells, hiddens = zip(*results)
+        return (torch.stack(outputs) if out is None else out), torch.stack(cells), torch.stack(hiddens)
+
+    @staticmethod
+    def _works_in_place(tensor: torch.Tensor) -> bool:
+        # Under autocast the `out=` buffers would keep fp32 while autocast hands the matmuls bf16 operands.
+        return not torch.is_grad_enabled() and not torch.is_autocast_enabled(tensor.device.type)
 
     def _fast_direction(
         self,
@@ -464,6 +505,7 @@ class ElmoBiLstm(nn.Module):
         rows_at: list[int],
         distinct: tuple[torch.Tensor, torch.Tensor] | None = None,
         workspace: dict | None = None,
+        out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """
         `layer` over packed inputs `(positions, projection_dim)` from the initial state `(batch, ·)`.
@@ -484,8 +526,7 @@ class ElmoBiLstm(nn.Module):
         block_positions = max(1, self.input_gates_block_values // (4 * lstm_dim))
         # Without autograd, each step completes its gates inside the input-gate buffer, updates the state in place
         # and writes its outputs into the result: no new tensors a step (faster, and flat memory).
-        # Under autocast the `out=` buffers would keep fp32 while autocast hands the matmuls bf16 operands.
-        in_place = not torch.is_grad_enabled() and not torch.is_autocast_enabled(cell.device.type)
+        in_place = self._works_in_place(cell)
         if in_place:
             # Scratch buffers, shared by every layer and direction of this forward (fewer large allocations).
             def scratch(name: str, size: int) -> torch.Tensor:
@@ -493,15 +534,20 @@ class ElmoBiLstm(nn.Module):
                     workspace[name] = cell.new_empty(size)
                 return workspace[name][:size]
 
-            input_gates_buffer = scratch("input_gates", 4 * lstm_dim * block_positions)
+            use_table = distinct is not None and distinct[0].shape[0] * 4 * lstm_dim <= self.input_gates_table_values
+            table_rows = distinct[0].shape[0] if use_table else 0
+            # One buffer holds either the table or a block of positions.
+            input_gates_buffer = scratch("input_gates", 4 * lstm_dim * max(block_positions, table_rows))
             gates_buffer = scratch("gates", 4 * lstm_dim * batch_size)
             cell_buffers = [scratch(name, lstm_dim * batch_size) for name in ("cell_a", "cell_b")]
-            packed = hidden.new_empty(positions, hidden.shape[0])  # (positions, projection_dim)
+            # The state lives in contiguous feature-major buffers; each step's hidden state is then copied into
+            # the (position-major) result: the projection writing straight into it runs ~40% slower.
+            hidden_buffers = [scratch(name, hidden.shape[0] * batch_size) for name in ("hidden_a", "hidden_b")]
+            packed = hidden.new_empty(positions, hidden.shape[0]) if out is None else out  # (positions, projection_dim)
             final_cell, final_hidden = torch.empty_like(cell), torch.empty_like(hidden)
-            # Input gates of each distinct input row `(distinct, 4 * lstm_dim)`, when they fit in the memory of one
-            # block of positions; each step gathers its rows.
+            # Input gates of each distinct input row `(distinct, 4 * lstm_dim)`; each step gathers its rows.
             table = None
-            if distinct is not None and distinct[0].shape[0] <= block_positions:
+            if use_table:
                 table = input_gates_buffer[: 4 * lstm_dim * distinct[0].shape[0]].view(-1, 4 * lstm_dim)
                 # In chunks, with the matmul shape of the blocks (an odd shape makes MKL keep extra buffers).
                 for chunk, rows in zip(table.split(batch_size), distinct[0].split(batch_size)):
@@ -543,8 +589,9 @@ class ElmoBiLstm(nn.Module):
                     input_part = input_gates[:, step]
                 gates = gates_buffer[: 4 * lstm_dim * rows].view(4 * lstm_dim, rows)
                 new_cell = cell_buffers[step_index % 2][: lstm_dim * rows].view(lstm_dim, rows)
-                new_hidden = packed[offset : offset + rows].t()
+                new_hidden = hidden_buffers[step_index % 2][: hidden.shape[0] * rows].view(-1, rows)
                 cell, hidden = self._step_in_place(layer, input_part, cell, hidden, gates, new_cell, new_hidden)
+                packed[offset : offset + rows].copy_(hidden.t())
             else:
                 cell, hidden = self._step(layer, input_gates[:, step], cell, hidden)
                 outputs.append(hidden)
@@ -764,16 +811,22 @@ class ElmoModel(ElmoPreTrainedModel):
         else:
             self._check_lstm_state(state, batch_size)
             state = (state[0].to(dtype), state[1].to(dtype))
-        lstm_outputs, final_state = self.bilstm(tokens, sequence_mask, state)
+        num_layers = self.config.num_lstm_layers
+        output_layers = tuple(range(num_layers)) if output_hidden_states else (num_layers - 1,)
+        lstm_outputs, final_state = self.bilstm(
+            tokens, sequence_mask, state, output_layers=output_layers, words_only=not keep_sentence_boundaries
+        )
 
-        # Every layer is already zero past each row's </S> (tokens and LSTM outputs alike).
-        layers = [torch.cat([tokens, tokens], dim=-1), *lstm_outputs] if output_hidden_states else lstm_outputs[-1:]
-        if keep_sentence_boundaries:
-            out_mask = sequence_mask
-        else:
-            # Dropping <S> and the last position leaves the </S> of shorter rows inside: mask it out.
-            layers = [layer[:, 1:-1] * mask[..., None] for layer in layers]
-            out_mask = mask
+        layers = lstm_outputs
+        if output_hidden_states:
+            # The token layer is context-free: the same vector for both directions.
+            if keep_sentence_boundaries:
+                token_layer = torch.cat([tokens, tokens], dim=-1)
+            else:
+                token_layer = word_vectors.new_zeros(batch_size, num_words, 2 * word_vectors.shape[-1])
+                token_layer[mask] = torch.cat([word_vectors, word_vectors], dim=-1)
+            layers = [token_layer, *lstm_outputs]
+        out_mask = sequence_mask if keep_sentence_boundaries else mask
 
         return ElmoModelOutput(
             last_hidden_state=layers[-1],

@@ -113,13 +113,50 @@ def test_outputs_and_state_match_reference_with_clipping_active(model):
     assert fast.last_hidden_state[1, 1:].abs().max() == 0
 
 
-def test_small_work_blocks_give_the_same_result():
-    # Force many input-gate blocks in the LSTM and many convolution chunks in the char encoder.
+@pytest.mark.parametrize("keep_sentence_boundaries", [False, True])
+@pytest.mark.parametrize("fast", [True, False])
+def test_top_layer_alone_is_the_last_of_all_layers(model, fast, keep_sentence_boundaries):
+    ids = make_batch([7, 1, 12, 4], seed=21)
+    with torch.no_grad():
+        every = run(model, ids, fast=fast, keep_sentence_boundaries=keep_sentence_boundaries)
+        set_fast(model, fast)
+        try:
+            top = model(ids, keep_sentence_boundaries=keep_sentence_boundaries)
+        finally:
+            set_fast(model, True)
+    assert top.hidden_states is None
+    assert top.last_hidden_state.shape == (4, 12 + 2 * keep_sentence_boundaries, 2 * model.config.projection_dim)
+    assert torch.equal(top.last_hidden_state, every.hidden_states[-1])
+    assert top.last_hidden_state.is_contiguous()
+    # Zero exactly where there is no word (or boundary), non-zero where there is one.
+    assert torch.equal(top.last_hidden_state.abs().amax(dim=-1) > 0, top.word_mask)
+
+
+def test_bilstm_lays_out_only_the_layers_asked_for(model):
+    tokens = torch.randn(3, 6, model.config.projection_dim)
+    mask = torch.arange(6) < torch.tensor([6, 2, 4])[:, None]
+    state = model.zero_lstm_state(3, "cpu", torch.float32)
+    with torch.no_grad():
+        every, _ = model.bilstm(tokens, mask, state)
+        top, _ = model.bilstm(tokens, mask, state, output_layers=(1,))
+        words, _ = model.bilstm(tokens, mask, state, output_layers=(0,), words_only=True)
+    assert len(every) == 2 and len(top) == 1 and torch.equal(top[0], every[1])
+    # words_only: positions 1 .. length - 2 of each row, zero after.
+    assert words[0].shape == (3, 4, 2 * model.config.projection_dim)
+    assert torch.equal(words[0], every[0][:, 1:-1] * mask[:, 2:, None])
+    assert words[0][1].abs().max() == 0  # a row of length 2 is <S> </S> only
+
+
+@pytest.mark.parametrize("table_values", [1 << 22, 0])
+def test_small_work_blocks_give_the_same_result(table_values):
+    # Force many input-gate blocks in the LSTM and many convolution chunks in the char encoder; with and without
+    # the first layer's table of distinct words.
     model = make_model(seed=17)
     ids = make_batch([13, 5, 9, 1], seed=18)
     with torch.no_grad():
         reference = run(model, ids, fast=False)
         model.bilstm.input_gates_block_values = 4 * 24 * 5  # 5 positions per block
+        model.bilstm.input_gates_table_values = table_values
         model.char_encoder.conv_chunk_positions = 16
         blocked = run(model, ids, fast=True)
     assert max_diff(blocked.hidden_states, reference.hidden_states) <= 1e-5
