@@ -407,16 +407,20 @@ class ElmoBiLstm(nn.Module):
         forward_source = source + step_index
         backward_source = source + sorted_lengths[row_index] - 1 - step_index
         flat = tokens.reshape(batch_size * num_steps, width)
-        layer_input = torch.stack([flat[forward_source], flat[backward_source]])  # (2, positions, width)
         distinct = None
-        if not torch.is_grad_enabled():
+        if self._works_in_place(tokens):
             # The first layer reads the token layer, where every occurrence of a word is the same vector: its input
-            # gates are computed once per distinct vector. (Inference only: with autograd, equal rows may come from
-            # different sources, and each must get its own gradient.)
-            distinct_rows, forward_row = torch.unique(layer_input[0], dim=0, return_inverse=True)
-            row_of = forward_row.new_empty(batch_size * num_steps)
-            row_of[forward_source] = forward_row
-            distinct = (distinct_rows, torch.stack([forward_row, row_of[backward_source]]))
+            # gates are computed once per distinct vector, into a table that the steps gather from, when the table
+            # is small enough. (Inference only: with autograd, equal rows may come from different sources, and
+            # each must get its own gradient.)
+            distinct_rows, forward_row = torch.unique(flat[forward_source], dim=0, return_inverse=True)
+            gate_values = self.forward_layers[0].input_proj.out_features
+            if distinct_rows.shape[0] * gate_values <= self.input_gates_table_values:
+                row_of = forward_row.new_empty(batch_size * num_steps)
+                row_of[forward_source] = forward_row
+                distinct = (distinct_rows, torch.stack([forward_row, row_of[backward_source]]))
+        # The first layer's inputs `(2, positions, width)`, unless it reads the table.
+        layer_input = None if distinct is not None else torch.stack([flat[forward_source], flat[backward_source]])
 
         packed_outputs, final_cells, final_hiddens, workspace = [], [], [], {}
         for index in range(len(self.forward_layers)):
@@ -429,6 +433,10 @@ class ElmoBiLstm(nn.Module):
                 output, cell, hidden = self._fast_layer(
                     index, layer_input, *initial, rows_at, distinct if index == 0 else None, workspace
                 )
+            if index == 0:
+                # Only the first layer reads the table.
+                workspace.pop("table", None)
+                workspace.pop("gathered", None)
             if index > 0 and self.use_skip_connections:
                 output = output.add_(layer_input) if not torch.is_grad_enabled() else output + layer_input
             # A layer that is not asked for is freed once the next one has read it.
@@ -468,17 +476,18 @@ class ElmoBiLstm(nn.Module):
         """
         Layer `index` of both directions on packed inputs `(2, positions, projection_dim)` from the initial state
         `(2, batch, ·)` (rows sorted longest first). Returns the packed outputs and each row's final state.
-        `distinct`, without autograd only: the distinct input rows and, per direction, each position's row.
+        `distinct`, working in place only: the distinct input rows and, per direction, each position's row; the
+        inputs are then read from those alone (`inputs` may be None).
         """
         layers = (self.forward_layers[index], self.backward_layers[index])
         # Working in place, both directions write their outputs straight into one tensor.
         out = None
-        if workspace is not None and self._works_in_place(inputs):
-            out = inputs.new_empty(2, inputs.shape[1], hidden.shape[-1])
+        if workspace is not None and self._works_in_place(hidden):
+            out = hidden.new_empty(2, sum(rows_at), hidden.shape[-1])
         results = [
             self._fast_direction(
                 layers[d],
-                inputs[d],
+                None if inputs is None else inputs[d],
                 cell[d],
                 hidden[d],
                 rows_at,
@@ -521,8 +530,9 @@ class ElmoBiLstm(nn.Module):
         bias = layer.input_proj.bias
         bias = torch.cat([bias[: 2 * lstm_dim], bias[2 * lstm_dim : 3 * lstm_dim] + FORGET_GATE_BIAS, bias[3 * lstm_dim :]])
         bias = bias[:, None]
-        cell, hidden, inputs = cell.t(), hidden.t(), inputs.t()  # (lstm_dim, batch), (proj, batch), (proj, positions)
-        batch_size, positions = cell.shape[1], inputs.shape[1]
+        cell, hidden = cell.t(), hidden.t()  # (lstm_dim, batch), (proj, batch)
+        inputs = None if inputs is None else inputs.t()  # (proj, positions)
+        batch_size, positions = cell.shape[1], sum(rows_at)
         block_positions = max(1, self.input_gates_block_values // (4 * lstm_dim))
         # Without autograd, each step completes its gates inside the input-gate buffer, updates the state in place
         # and writes its outputs into the result: no new tensors a step (faster, and flat memory).
@@ -534,10 +544,6 @@ class ElmoBiLstm(nn.Module):
                     workspace[name] = cell.new_empty(size)
                 return workspace[name][:size]
 
-            use_table = distinct is not None and distinct[0].shape[0] * 4 * lstm_dim <= self.input_gates_table_values
-            table_rows = distinct[0].shape[0] if use_table else 0
-            # One buffer holds either the table or a block of positions.
-            input_gates_buffer = scratch("input_gates", 4 * lstm_dim * max(block_positions, table_rows))
             gates_buffer = scratch("gates", 4 * lstm_dim * batch_size)
             cell_buffers = [scratch(name, lstm_dim * batch_size) for name in ("cell_a", "cell_b")]
             # The state lives in contiguous feature-major buffers; each step's hidden state is then copied into
@@ -547,8 +553,8 @@ class ElmoBiLstm(nn.Module):
             final_cell, final_hidden = torch.empty_like(cell), torch.empty_like(hidden)
             # Input gates of each distinct input row `(distinct, 4 * lstm_dim)`; each step gathers its rows.
             table = None
-            if use_table:
-                table = input_gates_buffer[: 4 * lstm_dim * distinct[0].shape[0]].view(-1, 4 * lstm_dim)
+            if distinct is not None:
+                table = scratch("table", 4 * lstm_dim * distinct[0].shape[0]).view(-1, 4 * lstm_dim)
                 # In chunks, with the matmul shape of the blocks (an odd shape makes MKL keep extra buffers).
                 for chunk, rows in zip(table.split(batch_size), distinct[0].split(batch_size)):
                     part = gates_buffer[: 4 * lstm_dim * rows.shape[0]].view(4 * lstm_dim, -1)
@@ -576,7 +582,8 @@ class ElmoBiLstm(nn.Module):
                 width, block = block_end - block_start, inputs[:, block_start:block_end]
                 input_gates = None
                 if in_place and width <= block_positions:
-                    buffer = input_gates_buffer[: 4 * lstm_dim * width].view(4 * lstm_dim, width)
+                    buffer = scratch("input_gates", 4 * lstm_dim * block_positions)[: 4 * lstm_dim * width]
+                    buffer = buffer.view(4 * lstm_dim, width)
                     input_gates = torch.addmm(bias, layer.input_proj.weight, block, out=buffer)
                 else:
                     input_gates = torch.addmm(bias, layer.input_proj.weight, block)
