@@ -3,11 +3,16 @@
 
   python benchmarks/bench_inference.py --options O.json --weights W.hdf5
       [--batch-size 32] [--n-sentences 64] [--threads 2] [--repeats 3] [--dtype fp32|bf16]
-      [--cache-vocab] [--path fast|reference] [--wait-quiet SECONDS]
+      [--cache-vocab] [--path fast|reference] [--wait-quiet SECONDS] [--load converted|hdf5]
 
 Made to be read next to the AllenNLP peer (/work/shared/peers/allennlp/bench_peer.py): give it the
 `{config}_options.json` / `{config}_random_weights.hdf5` that the peer writes, and both sides run the
 same weights on the same workload (`workload_sha1` must match).
+
+Loading (--load): by default the bilm-tf files are converted once, in a child process, into a Hugging Face
+folder cached under --cache-dir (keyed by the files' paths, sizes and times), and the timed model comes from
+`ElmoModel.from_pretrained` on it, the way users load ELMo. `--load hdf5` reads the .hdf5 in this process
+instead (then h5py and its buffers count in the RSS, ~10 MiB more).
 
 Workload: the peer's `make_workload` (an LCG, seed 42, 5-40 words a sentence from a fixed word list),
 batched in order, no sorting. Char ids are made once up front (reported as `char_ids_s`).
@@ -37,6 +42,7 @@ import json
 import os
 import platform
 import resource
+import subprocess
 import sys
 import time
 
@@ -112,6 +118,21 @@ def load_model(options: str, weights: str, dtype: torch.dtype) -> ElmoModel:
     return model.to(dtype).eval()
 
 
+def converted_folder(options: str, weights: str, cache_dir: str) -> str:
+    """The bilm-tf pair converted to a Hugging Face folder, once (in a child process: no h5py in this one)."""
+    key = "|".join(f"{os.path.abspath(p)}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}" for p in (options, weights))
+    folder = os.path.join(cache_dir, hashlib.sha1(key.encode()).hexdigest()[:16])
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+        command = [sys.executable, "-m", "hf_elmo.cli", "convert", "--options", options, "--weights", weights,
+                   "--output", folder, "--overwrite", "--no-progress"]
+        result = subprocess.run(command, env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            sys.exit(f"converting {weights} failed:\n{result.stderr[-3000:]}")
+    return folder
+
+
 def release_freed_memory():
     """Hand the heap memory freed after loading back to the OS (glibc keeps it), so it is not counted as in use."""
     gc.collect()
@@ -161,6 +182,11 @@ def main():
                          "(the counterpart of the peer's --mode cached)")
     ap.add_argument("--path", choices=["fast", "reference"], default="fast",
                     help="time the fast path (default) or the straightforward reference path")
+    ap.add_argument("--load", choices=["converted", "hdf5"], default="converted",
+                    help="converted (default): convert once in a child process and load the folder with "
+                         "from_pretrained; hdf5: read the .hdf5 in this process")
+    ap.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "hf_elmo_bench"),
+                    help="where converted folders are kept (default ~/.cache/hf_elmo_bench)")
     ap.add_argument("--skip-check", action="store_true", help="skip the comparison with the reference path")
     ap.add_argument("--wait-quiet", type=float, default=0.0,
                     help="before each timed pass wait up to this many seconds for the machine to be idle")
@@ -169,8 +195,14 @@ def main():
     torch.set_num_threads(args.threads)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
 
+    def load(dtype: torch.dtype) -> ElmoModel:
+        if args.load == "hdf5":
+            return load_model(args.options, args.weights, dtype)
+        return ElmoModel.from_pretrained(folder, dtype=dtype).eval()
+
+    folder = converted_folder(args.options, args.weights, args.cache_dir) if args.load == "converted" else None
     t0 = time.perf_counter()
-    model = load_model(args.options, args.weights, dtype)
+    model = load(dtype)
     t_load = time.perf_counter() - t0
     set_path(model, args.path)
     config = model.config
@@ -233,7 +265,7 @@ def main():
     max_diff = None
     if not args.skip_check:
         # Outputs of the timed configuration vs the reference path of an fp32 model, on the same batches.
-        reference = model if dtype == torch.float32 else load_model(args.options, args.weights, torch.float32)
+        reference = model if dtype == torch.float32 else load(torch.float32)
         max_diff = 0.0
         with torch.no_grad():
             for batch in inputs:
@@ -253,6 +285,7 @@ def main():
     result = {
         "impl": "hf_elmo ElmoModel",
         "path": args.path,
+        "load": args.load,
         "config": name,
         "mode": "cached" if args.cache_vocab else "chars",
         "dtype": args.dtype,
