@@ -3,18 +3,23 @@
 
   python benchmarks/side_by_side.py [--configs small original] [--mode chars|cached] [--dtype fp32|bf16]
                                     [--peer-bench PATH] [--peer-python PYTHON] [--wait-quiet 60]
-                                    [--repeats 3] [--batch-size 32] [--threads 2]
+                                    [--repeats 3] [--batch-size 32] [--threads 2] [--rounds 1]
 
 For each config: the peer's bench_peer.py runs first (it writes random weights of the published shapes to
 $ELMO_PEER_DIR/weights/{config}_random_weights.hdf5 with {config}_options.json), then
 benchmarks/bench_inference.py runs on those same two files. Prints the peer's JSON line, ours, and a summary
 line with the ratios; all JSON. Build the peer once first (see benchmarks/README.md). --mode cached runs the
 peer with its vocabulary cache and us with --cache-vocab; --dtype applies to our side only (the peer is fp32).
+
+--rounds N alternates the two sides N times per config (peer, ours, peer, ours, ...). On a shared machine
+either side's figure moves by 10-15% between runs; the summary then gives each round's ratio, the ratio of
+the two medians and the smallest round ratio, and each side's largest peak RSS.
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -44,6 +49,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--mode", choices=["chars", "cached"], default="chars")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="our side's dtype")
+    ap.add_argument("--rounds", type=int, default=1, help="alternate the two sides this many times per config")
     ap.add_argument("--wait-quiet", type=float, default=60.0,
                     help="each side waits up to this many seconds before each timed pass for an idle machine")
     args = ap.parse_args()
@@ -52,22 +58,31 @@ def main():
               "--threads", str(args.threads), "--repeats", str(args.repeats), "--wait-quiet", str(args.wait_quiet)]
     summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "mode": args.mode, "dtype": args.dtype, "configs": {}}
     for config in args.configs:
-        peer = run_json([args.peer_python, args.peer_bench, "--config", config, "--mode", args.mode, *common])
-        print(json.dumps(peer), flush=True)
         weights_dir = os.path.join(PEER_DIR, "weights")
-        ours = run_json([sys.executable, os.path.join(HERE, "bench_inference.py"),
-                         "--options", os.path.join(weights_dir, f"{config}_options.json"),
-                         "--weights", os.path.join(weights_dir, f"{config}_random_weights.hdf5"),
-                         "--dtype", args.dtype, *(["--cache-vocab"] if args.mode == "cached" else []), *common])
-        print(json.dumps(ours), flush=True)
-        if ours["workload_sha1"] != peer["workload_sha1"]:
-            sys.exit(f"workloads differ: ours {ours['workload_sha1']}, peer {peer['workload_sha1']}")
+        peers, ours = [], []
+        for _ in range(args.rounds):
+            peers.append(run_json([args.peer_python, args.peer_bench, "--config", config, "--mode", args.mode, *common]))
+            print(json.dumps(peers[-1]), flush=True)
+            ours.append(run_json([sys.executable, os.path.join(HERE, "bench_inference.py"),
+                                  "--options", os.path.join(weights_dir, f"{config}_options.json"),
+                                  "--weights", os.path.join(weights_dir, f"{config}_random_weights.hdf5"),
+                                  "--dtype", args.dtype, *(["--cache-vocab"] if args.mode == "cached" else []),
+                                  *common]))
+            print(json.dumps(ours[-1]), flush=True)
+            if ours[-1]["workload_sha1"] != peers[-1]["workload_sha1"]:
+                sys.exit(f"workloads differ: ours {ours[-1]['workload_sha1']}, peer {peers[-1]['workload_sha1']}")
+        ours_speed = [o["tokens_per_s"] for o in ours]
+        peer_speed = [p["tokens_per_s"] for p in peers]
+        ratios = [o / p for o, p in zip(ours_speed, peer_speed)]
         summary["configs"][config] = {
-            "tokens_per_s": {"hf_elmo": round(ours["tokens_per_s"], 1), "peer": round(peer["tokens_per_s"], 1)},
-            "speedup": round(ours["tokens_per_s"] / peer["tokens_per_s"], 2),
-            "peak_rss_inference_mib": {"hf_elmo": round(ours["peak_rss_inference_mib"], 1),
-                                       "peer": round(peer["peak_rss_inference_mib"], 1)},
-            "max_abs_diff_vs_reference": ours["max_abs_diff_vs_reference"],
+            "tokens_per_s_median": {"hf_elmo": round(statistics.median(ours_speed), 1),
+                                    "peer": round(statistics.median(peer_speed), 1)},
+            "speedup_of_medians": round(statistics.median(ours_speed) / statistics.median(peer_speed), 2),
+            "speedup_per_round": [round(r, 2) for r in ratios],
+            "speedup_min": round(min(ratios), 2),
+            "peak_rss_inference_mib_max": {"hf_elmo": round(max(o["peak_rss_inference_mib"] for o in ours), 1),
+                                           "peer": round(max(p["peak_rss_inference_mib"] for p in peers), 1)},
+            "max_abs_diff_vs_reference": max(o["max_abs_diff_vs_reference"] for o in ours),
         }
     print(json.dumps(summary), flush=True)
 

@@ -37,10 +37,10 @@ def few_column_matmul(weight: torch.Tensor, columns: torch.Tensor, out: torch.Te
     CPU BLAS shares such a product between threads badly at some column counts (MKL with 32 columns: 2.2 ms for
     "original"'s 16384x512 recurrent weight, against 1.7 ms with 31). Handing it row blocks of the weight as one
     batched matmul keeps every thread on whole blocks: 1.5 ms at 32 columns and never slower elsewhere, except
-    for a single column, where the matrix-vector product is faster still.
+    for a single column, where the matrix-vector product is faster still. (CPU only: GPUs get the plain product.)
     """
     blocks = max(2, min(16, weight.shape[0] // 256))
-    if columns.shape[1] == 1 or weight.shape[0] % blocks:
+    if columns.shape[1] == 1 or weight.shape[0] % blocks or weight.device.type != "cpu":
         return torch.mm(weight, columns, out=out) if add is None else torch.addmm(add, weight, columns, out=out)
     weight = weight.view(blocks, -1, weight.shape[1])
     columns = columns.expand(blocks, *columns.shape)
@@ -452,7 +452,8 @@ class ElmoBiLstm(nn.Module):
         steps = torch.stack([step_index, sorted_lengths[row_index] - 1 - step_index])  # (2, positions)
         target = order[row_index] * out_steps + steps
         if words_only:
-            target = torch.where((steps >= 1) & (steps <= sorted_lengths[row_index] - 2), target - 1, batch_size * out_steps)
+            is_word = (steps >= 1) & (steps <= sorted_lengths[row_index] - 2)
+            target = torch.where(is_word, target - 1, batch_size * out_steps)
         half = torch.arange(2, device=tokens.device)[:, None].expand_as(target)
         layer_outputs = []
         for index in output_layers:
