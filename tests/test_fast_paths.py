@@ -14,7 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_elmo.configuration_elmo import ElmoConfig, word_to_char_ids
-from hf_elmo.modeling_elmo import ElmoBiLstm, ElmoCharacterEncoder, ElmoModel
+from hf_elmo.modeling_elmo import ElmoBiLstm, ElmoCharacterEncoder, ElmoModel, few_column_matmul
 
 
 FILTERS = ((1, 4), (2, 4), (3, 8), (5, 8), (7, 16))
@@ -392,3 +392,20 @@ def test_cuda_matches_cpu(model):
         gpu = model.to("cuda")(ids.to("cuda"), output_hidden_states=True).hidden_states
         model.to("cpu")
     assert max_diff(cpu, [g.cpu() for g in gpu]) <= 1e-4
+
+
+@pytest.mark.parametrize("rows", [1024, 100, 99])
+@pytest.mark.parametrize("columns", [1, 5, 32])
+def test_few_column_matmul_equals_addmm(rows, columns):
+    generator = torch.Generator().manual_seed(rows + columns)
+    weight, states = torch.randn(rows, 64, generator=generator), torch.randn(64, columns, generator=generator)
+    add = torch.randn(columns, rows, generator=generator).t()  # a transposed view, as the steps pass it
+    expected = torch.addmm(add, weight, states)
+    out = torch.full((rows, columns), float("nan"))
+    assert few_column_matmul(weight, states, out, add=add) is out
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    # Into a transposed view of a bigger result, without `add`.
+    result = torch.full((columns + 3, rows), float("nan"))
+    few_column_matmul(weight, states, result[1 : columns + 1].t())
+    torch.testing.assert_close(result[1 : columns + 1].t(), weight @ states, rtol=1e-5, atol=1e-5)
+    assert result[0].isnan().all() and result[columns + 1 :].isnan().all()
