@@ -8,7 +8,9 @@ never installed or imported.
 
 import logging
 import os
+import random
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -151,3 +153,27 @@ def _wikipedia_sentences(dump: bytes):
                 if not text.text.lstrip().lower().startswith("#redirect"):
                     yield from sentences_of(text.text)
             element.clear()
+
+
+def free_port() -> int:
+    """
+    A free TCP port for `accelerate launch --main_process_port`, below the kernel's ephemeral range.
+
+    A port the kernel hands out with `bind(("", 0))` comes from the ephemeral range, so between closing it and
+    the launcher's rendezvous binding it, any outgoing connection on the machine may take it. Ports below that
+    range are only ever taken by an explicit bind.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            ephemeral_start = int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_start = 32768
+    candidates = random.Random().sample(range(20000, max(20001, min(ephemeral_start, 32768))), 200)
+    for port in candidates:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port between 20000 and the ephemeral range")

@@ -7,7 +7,6 @@ Training data is real CoNLL-2003-format text (allennlp's fixture `data/conll2003
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
@@ -27,6 +26,7 @@ from transformers import (
 
 from hf_elmo import ElmoConfig, ElmoForSequenceClassification, ElmoForTokenClassification, ElmoScalarMix
 from hf_elmo.finetuning import build_label_map, entity_scores, read_conll
+from hf_elmo.testing_utils import free_port
 
 import token_training
 
@@ -233,12 +233,9 @@ def test_gradient_accumulation_gives_the_loss_of_one_big_batch(converted_dir, to
 def test_two_processes_with_accumulation_match_one_big_batch(converted_dir, fixtures_root, tmp_path):
     conll = fixtures_root / "data" / "conll2003.txt"
     reference = token_training.train(converted_dir, conll, str(tmp_path / "one"), per_device=4, accumulation=1)
-    port = socket.socket()
-    port.bind(("127.0.0.1", 0))
     command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes",
-               "2", "--num_machines", "1", "--main_process_port", str(port.getsockname()[1]), "--dynamo_backend", "no",
+               "2", "--num_machines", "1", "--main_process_port", str(free_port()), "--dynamo_backend", "no",
                token_training.__file__, str(converted_dir), str(conll), str(tmp_path / "two"), "1", "2"]
-    port.close()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO_ROOT, os.path.dirname(token_training.__file__)]),
            "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)

@@ -7,7 +7,6 @@ import math
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,7 +32,7 @@ from hf_elmo.pretraining_data import (
     resolve_shards,
     write_vocab,
 )
-from hf_elmo.testing_utils import english_text_sample
+from hf_elmo.testing_utils import english_text_sample, free_port
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -469,17 +468,11 @@ def _env():
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(corpus, vocab, output, *extra):
     """`accelerate launch` with 2 CPU processes (gloo), bf16: the command the README gives."""
     return [
         sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--main_process_port", str(_free_port()), "--mixed_precision", "bf16",
+        "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "bf16",
         "--dynamo_backend", "no", "-m", "hf_elmo.pretraining",
         *common_args(corpus, output, "--vocab", str(vocab), "--num-softmax-samples", "256", "--batch-size", "8",
                      "--max-steps", "12", "--save-steps", "4", "--logging-steps", "4", "--eval-steps", "4",
