@@ -22,7 +22,6 @@ Example with bilm-tf's small test model (`python examples/quickstart.py` writes 
 
 import argparse
 import logging
-import os
 import sys
 
 import numpy as np
@@ -31,7 +30,6 @@ from transformers import (
     AutoModelForTokenClassification,
     AutoTokenizer,
     DataCollatorForTokenClassification,
-    Trainer,
 )
 
 import hf_elmo  # noqa: F401  (registers the ELMo Auto classes)
@@ -40,21 +38,17 @@ from hf_elmo.finetuning import (
     TaggedSentence,
     add_finetuning_arguments,
     build_label_map,
-    default_task_name,
+    dataset_splits,
     entity_scores,
     existing_label_map,
     head_options,
     label_ids,
-    plot_layer_weights,
     read_conll,
-    resolve_checkpoint,
-    training_arguments,
-    write_json,
+    train_and_report,
 )
 
 
 logger = logging.getLogger("run_token_classification")
-SPLITS = ("train", "validation", "test")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,21 +92,9 @@ def read_files(args) -> dict[str, list[TaggedSentence]]:
 
 
 def read_dataset(args) -> dict[str, list[TaggedSentence]]:
-    try:
-        from datasets import load_dataset
-    except ImportError as err:
-        raise SystemExit('--dataset-name needs the datasets package: pip install "hf-elmo[examples]"') from err
-    dataset = load_dataset(args.dataset_name, args.dataset_config)
-    if "train" not in dataset:
-        raise DataFileError(f"{args.dataset_name}: no 'train' split (it has {sorted(dataset)}).")
     splits = {}
-    for split in SPLITS:
-        if split not in dataset:
-            continue
-        table = dataset[split]
-        for column in (args.tokens_column, args.tags_column):
-            if column not in table.column_names:
-                raise DataFileError(f"{args.dataset_name}[{split}]: no column {column!r} (it has {table.column_names}).")
+    tables = dataset_splits(args.dataset_name, args.dataset_config, (args.tokens_column, args.tags_column))
+    for split, table in tables.items():
         names = getattr(table.features[args.tags_column], "feature", None)
         names = getattr(names, "names", None)  # tags stored as ClassLabel ids
         sentences = []
@@ -178,49 +160,15 @@ def main(argv=None):
         args.model, id2label=id2label, label2id=label2id, **head_options(args)
     )
 
-    def compute_metrics(evaluation):
-        gold, predicted = predicted_tags(evaluation.predictions, evaluation.label_ids, id2label)
-        report = evaluation_report(gold, predicted)
+    def score(predictions, label_ids_):
+        return evaluation_report(*predicted_tags(predictions, label_ids_, id2label))
+
+    def summarise(report):
         return {"token_accuracy": report["token_accuracy"],
                 **{k: v for k, v in report["entities"]["overall"].items() if k != "support"}}
 
-    trainer = Trainer(
-        model=model,
-        args=training_arguments(args, evaluate="validation" in features),
-        train_dataset=features["train"],
-        eval_dataset=features.get("validation"),
-        data_collator=DataCollatorForTokenClassification(tokenizer),
-        processing_class=tokenizer,
-        compute_metrics=compute_metrics,
-        preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
-    )
-    result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint, args.output_dir))
-    trainer.save_model(args.output_dir)
-
-    task = default_task_name(args)
-    weights = model.layer_weights().tolist()
-    metrics = {
-        "task": task,
-        "model": args.model,
-        "train_loss": result.training_loss,
-        "layer_weights": weights,
-        "gamma": float(model.encoder.mix.gamma.detach()),
-    }
-    for split in ("validation", "test"):
-        if split in features:
-            prediction = trainer.predict(features[split], metric_key_prefix=split)
-            report = evaluation_report(*predicted_tags(prediction.predictions, prediction.label_ids, id2label))
-            report["loss"] = prediction.metrics[f"{split}_loss"]
-            log_report(split, report)
-            metrics[split] = report
-    logger.info("Layer weights (token layer first): %s, gamma %.4f", ", ".join(f"{w:.3f}" for w in weights),
-                metrics["gamma"])
-
-    write_json(os.path.join(args.output_dir, "labels.json"), {"id2label": {str(i): l for i, l in id2label.items()}})
-    write_json(os.path.join(args.output_dir, "metrics.json"), metrics)
-    plot = plot_layer_weights({task: weights}, os.path.join(args.output_dir, "layer_weights.png"))
-    logger.info("Saved the model, labels.json, metrics.json and %s to %s", os.path.basename(plot), args.output_dir)
-    return metrics
+    return train_and_report(args, model, tokenizer, features, id2label, DataCollatorForTokenClassification(tokenizer),
+                            score, summarise, log_report)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@
   script (the default, non-strict mode of seqeval): IOB1, IOB2 and IOBES tags all work.
 - `classification_scores`: accuracy and per-class / macro precision, recall, F1 for sentence labels.
 - `plot_layer_weights`: the learned softmax weight of each biLM layer per task, as in Figure 2 of the ELMo paper.
-- `add_finetuning_arguments`, `head_options`, `training_arguments`: the command-line options and Trainer set-up
-  shared by `examples/run_token_classification.py` and `examples/run_sequence_classification.py`.
+- `add_finetuning_arguments`, `head_options`, `training_arguments`, `train_and_report`: the command-line
+  options, the Trainer set-up and the train / score / save sequence shared by
+  `examples/run_token_classification.py` and `examples/run_sequence_classification.py`.
 
 Every reading error names the file and line. Nothing here is copied for `trust_remote_code`.
 """
@@ -438,6 +439,85 @@ def write_json(path: str | os.PathLike, data) -> None:
         raise
 
 
+def dataset_splits(name: str, config: str | None, columns: tuple[str, ...]) -> dict:
+    """
+    The train / validation / test splits that a `datasets` dataset (a Hub name or a saved folder) has, each
+    checked for `columns`; "train" is required. Needs the datasets package (the `examples` extra).
+    """
+    try:
+        from datasets import load_dataset
+    except ImportError as err:
+        raise SystemExit('--dataset-name needs the datasets package: pip install "hf-elmo[examples]"') from err
+    dataset = load_dataset(name, config)
+    if "train" not in dataset:
+        raise DataFileError(f"{name}: no 'train' split (it has {sorted(dataset)}).")
+    tables = {}
+    for split in ("train", "validation", "test"):
+        if split not in dataset:
+            continue
+        table = dataset[split]
+        for column in columns:
+            if column not in table.column_names:
+                raise DataFileError(f"{name}[{split}]: no column {column!r} (it has {table.column_names}).")
+        tables[split] = table
+    return tables
+
+
+def train_and_report(args, model, tokenizer, features: dict, id2label: dict, data_collator, score, summarise,
+                     log_report) -> dict:
+    """
+    The examples' shared run: train `model` with the Trainer on `features["train"]` (scored on "validation" each
+    epoch when present; `--resume-from-checkpoint` honoured), save it to `--output-dir`, score "validation" and
+    "test", and write labels.json, metrics.json and the layer-weight plot there. Returns the metrics.
+
+    `score(predictions, label_ids)` turns argmax label ids into a report dict, `summarise(report)` picks the
+    numbers the Trainer logs at each evaluation, `log_report(split, report)` prints a split's report.
+    """
+    from transformers import Trainer
+
+    def compute_metrics(evaluation):
+        return summarise(score(evaluation.predictions, evaluation.label_ids))
+
+    trainer = Trainer(
+        model=model,
+        args=training_arguments(args, evaluate="validation" in features),
+        train_dataset=features["train"],
+        eval_dataset=features.get("validation"),
+        data_collator=data_collator,
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics,
+        # Keep only the argmax: whole logits of every evaluation example would be gathered in memory.
+        preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
+    )
+    result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint, args.output_dir))
+    trainer.save_model(args.output_dir)
+
+    task = default_task_name(args)
+    weights = model.layer_weights().tolist()
+    metrics = {
+        "task": task,
+        "model": args.model,
+        "train_loss": result.training_loss,
+        "layer_weights": weights,
+        "gamma": float(model.encoder.mix.gamma.detach()),
+    }
+    for split in ("validation", "test"):
+        if split in features:
+            prediction = trainer.predict(features[split], metric_key_prefix=split)
+            report = score(prediction.predictions, prediction.label_ids)
+            report["loss"] = prediction.metrics[f"{split}_loss"]
+            log_report(split, report)
+            metrics[split] = report
+    logger.info("Layer weights (token layer first): %s, gamma %.4f", ", ".join(f"{w:.3f}" for w in weights),
+                metrics["gamma"])
+
+    write_json(os.path.join(args.output_dir, "labels.json"), {"id2label": {str(i): l for i, l in id2label.items()}})
+    write_json(os.path.join(args.output_dir, "metrics.json"), metrics)
+    plot = plot_layer_weights({task: weights}, os.path.join(args.output_dir, "layer_weights.png"))
+    logger.info("Saved the model, labels.json, metrics.json and %s to %s", os.path.basename(plot), args.output_dir)
+    return metrics
+
+
 def default_task_name(args) -> str:
     """--task-name, else the training file's name, else the dataset's name."""
     if args.task_name:
@@ -458,10 +538,12 @@ __all__ = [
     "DataFileError",
     "add_finetuning_arguments",
     "classification_scores",
+    "dataset_splits",
     "default_task_name",
     "existing_label_map",
     "head_options",
     "resolve_checkpoint",
+    "train_and_report",
     "training_arguments",
     "write_json",
     "LabelledText",
