@@ -409,3 +409,13 @@ def test_few_column_matmul_equals_addmm(rows, columns):
     few_column_matmul(weight, states, result[1 : columns + 1].t())
     torch.testing.assert_close(result[1 : columns + 1].t(), weight @ states, rtol=1e-5, atol=1e-5)
     assert result[0].isnan().all() and result[columns + 1 :].isnan().all()
+    # Without `out` (the autograd step): a new tensor, and the gradients of addmm.
+    leaves = [t.clone().requires_grad_() for t in (weight, states, add)]
+    product = few_column_matmul(leaves[0], leaves[1], add=leaves[2])
+    assert product.shape == (rows, columns)
+    torch.testing.assert_close(product, expected, rtol=1e-5, atol=1e-5)
+    upstream = torch.randn(rows, columns, generator=generator)
+    ours = torch.autograd.grad(product, leaves, upstream)
+    theirs = torch.autograd.grad(torch.addmm(leaves[2], leaves[0], leaves[1]), leaves, upstream)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
