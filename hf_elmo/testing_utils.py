@@ -168,12 +168,15 @@ def free_port() -> int:
             ephemeral_start = int(ranges.read().split()[0])
     except (OSError, ValueError, IndexError):
         ephemeral_start = 32768
-    candidates = random.Random().sample(range(20000, max(20001, min(ephemeral_start, 32768))), 200)
+    # Unprivileged ports below the ephemeral range (20000 and up when the range leaves room for that); if the
+    # range covers them all, any port the kernel offers (port 0).
+    below = range(20000 if ephemeral_start > 21000 else 1024, ephemeral_start)
+    candidates = random.Random().sample(below, min(200, len(below))) or [0]
     for port in candidates:
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
-    raise RuntimeError("no free TCP port between 20000 and the ephemeral range")
+            return probe.getsockname()[1]
+    raise RuntimeError(f"no free TCP port among {len(candidates)} tried below the ephemeral range ({ephemeral_start})")
