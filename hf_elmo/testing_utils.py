@@ -17,6 +17,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+import torch
+
 
 logger = logging.getLogger(__name__)
 
@@ -180,3 +182,19 @@ def free_port() -> int:
                 continue
             return probe.getsockname()[1]
     raise RuntimeError(f"no free TCP port among {len(candidates)} tried below the ephemeral range ({ephemeral_start})")
+
+
+def assert_same_computation(actual: torch.Tensor, expected: torch.Tensor, what: str = "outputs") -> None:
+    """
+    Two runs of the same fp32 computation on bit-equal weights agree to the fidelity bar, 1e-5 of the largest
+    magnitude, though not always bit for bit.
+
+    BLAS libraries choose kernels and blocking by the CPU and by where a buffer sits in memory (MKL takes other
+    paths on AMD than on Intel), so the summation order inside a matrix product, and with it the last bits, can
+    differ between two copies of the same weights. Bit-equality of the weights themselves is what a save/load
+    round trip promises; compare those with `torch.equal`.
+    """
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    scale = max(float(expected.abs().max()), 1.0) if expected.numel() else 1.0
+    difference = float((actual.double() - expected.double()).abs().max()) if expected.numel() else 0.0
+    assert difference <= 1e-5 * scale, f"{what}: differ by {difference:.3g} (allowed {1e-5 * scale:.3g})"

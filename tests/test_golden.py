@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from hf_elmo import ElmoConfig, ElmoModel, ElmoTokenizer
 from hf_elmo.convert import load_bilm_tf
+from hf_elmo.testing_utils import assert_same_computation
 from remote_code import run_without_hf_elmo
 
 
@@ -154,8 +155,13 @@ def test_multilingual_weight_files_convert_and_load(fixtures_root, language, tmp
         loaded_out = model(**batch, output_hidden_states=True)
         direct_out = direct(**batch, output_hidden_states=True)
     assert len(loaded_out.hidden_states) == 3 and loaded_out.last_hidden_state.shape[-1] == 32
-    for a, b in zip(loaded_out.hidden_states, direct_out.hidden_states):
-        assert torch.equal(a, b)
+    # The conversion is lossless: the same tensors, bit for bit, and so the same function.
+    direct_state = direct.state_dict()
+    assert sorted(model.state_dict()) == sorted(direct_state)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, direct_state[name]), name
+    for layer, (a, b) in enumerate(zip(loaded_out.hidden_states, direct_out.hidden_states)):
+        assert_same_computation(a, b, f"layer {layer}")
     # And back to bilm-tf's layout, bit for bit.
     options, weights = convert_hf_to_bilm_tf(str(folder), str(tmp_path / "back"))
     with h5py.File(source / "weights.hdf5", "r") as original, h5py.File(weights, "r") as exported:

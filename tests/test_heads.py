@@ -26,7 +26,7 @@ from transformers import (
 
 from hf_elmo import ElmoConfig, ElmoForSequenceClassification, ElmoForTokenClassification, ElmoScalarMix
 from hf_elmo.finetuning import build_label_map, entity_scores, read_conll
-from hf_elmo.testing_utils import free_port
+from hf_elmo.testing_utils import assert_same_computation, free_port
 
 import token_training
 
@@ -145,8 +145,10 @@ def test_heads_load_from_a_base_folder_frozen_and_round_trip(converted_dir, toke
         model.save_pretrained(tmp_path / cls.__name__)
         again = auto.from_pretrained(tmp_path / cls.__name__).eval()
         batch = tokenizer(["Joel lives in Seattle .", "Hi"], padding=True, return_tensors="pt")
+        for name, tensor in model.state_dict().items():
+            assert torch.equal(tensor, again.state_dict()[name]), name
         with torch.no_grad():
-            assert torch.equal(model(**batch).logits, again(**batch).logits)
+            assert_same_computation(again(**batch).logits, model(**batch).logits)
         # And the head's folder still loads as the plain biLM.
         plain = AutoModel.from_pretrained(tmp_path / cls.__name__)
         assert torch.equal(plain.char_encoder.char_embeddings.weight, base.char_encoder.char_embeddings.weight)
@@ -183,8 +185,10 @@ def test_trainer_overfits_conll_with_a_frozen_bilm(converted_dir, tokenizer, con
     reloaded = AutoModelForTokenClassification.from_pretrained(tmp_path / "ner").eval()
     assert reloaded.config.id2label == id2label
     batch = DataCollatorForTokenClassification(tokenizer)(features)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, reloaded.state_dict()[name]), name
     with torch.no_grad():
-        assert torch.equal(reloaded(**batch).logits, model.eval()(**batch).logits)
+        assert_same_computation(reloaded(**batch).logits, model.eval()(**batch).logits)
 
 
 def test_unfrozen_bilm_is_fine_tuned(converted_dir, tokenizer, conll, tmp_path):
