@@ -6,6 +6,7 @@ cell and projection clipping are active, with variable lengths, carried LSTM sta
 cache and a long sentence.
 """
 
+import copy
 import random
 import weakref
 
@@ -243,7 +244,9 @@ def test_gradient_checkpointing_gives_the_same_gradients():
         return [p.grad.clone() for p in model.parameters()]
 
     plain = gradients()
-    model.activation_checkpointing_enable()
+    # Newer transformers (5.23) call it activation_checkpointing_enable and warn on the old name; 5.17 has only that.
+    enable_checkpointing = getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)
+    enable_checkpointing()
     calls = []
     for layer in model.bilstm.forward_layers:
         checkpoint = layer._gradient_checkpointing_func
@@ -377,9 +380,17 @@ def test_long_sentence_runs_with_memory_linear_in_words():
             assert torch.isfinite(out.last_hidden_state).all()
         set_fast(model, False)
         reference = model(ids).last_hidden_state
+        truth_model = copy.deepcopy(model).double()
+        set_fast(truth_model, False)
+        truth = truth_model(ids).last_hidden_state
         set_fast(model, True)
-    # 2000 steps of clipped recurrence accumulate a few more roundings: 1e-5 relative.
-    assert (out.last_hidden_state - reference).abs().max() <= 1e-5 * reference.abs().max()
+    # Over 2000 steps each fp32 implementation rounds differently, and a clip boundary crossed on one side and not the
+    # other turns a rounding into a visible step, so the two are not within a fixed bound of each other. What holds
+    # on any CPU: against the float64 run of the reference maths, the fast path is as accurate as the fp32 reference
+    # (a summation order is no better or worse than another, up to a small factor).
+    fast_error = float((out.last_hidden_state.double() - truth).abs().max())
+    reference_error = float((reference.double() - truth).abs().max())
+    assert fast_error <= 4 * reference_error + 16 * torch.finfo(torch.float32).eps * float(truth.abs().max())
     # Four times the words, about four times the memory (quadratic growth would be sixteen times).
     assert peaks[2000] < 5 * peaks[500]
 
@@ -394,28 +405,44 @@ def test_cuda_matches_cpu(model):
     assert max_diff(cpu, [g.cpu() for g in gpu]) <= 1e-4
 
 
+def assert_within_matmul_rounding(product, weight, states, add=None):
+    """
+    `product` is `weight @ states (+ add)` up to fp32 rounding, in any summation order: each entry within
+    n * u * (|weight| @ |states| + |add|) of the exact (float64) value, with n the terms summed and u the unit roundoff
+    (the standard bound for a dot product; fused multiply-adds only tighten it).
+    """
+    exact = weight.double() @ states.double()
+    magnitude = weight.double().abs() @ states.double().abs()
+    terms = weight.shape[1]
+    if add is not None:
+        exact, magnitude, terms = exact + add.double(), magnitude + add.double().abs(), terms + 1
+    unit_roundoff = torch.finfo(torch.float32).eps / 2
+    error = (product.double() - exact).abs()
+    assert (error <= 1.01 * terms * unit_roundoff * magnitude).all(), float((error / magnitude).max())
+
+
 @pytest.mark.parametrize("rows", [1024, 100, 99])
 @pytest.mark.parametrize("columns", [1, 5, 32])
 def test_few_column_matmul_equals_addmm(rows, columns):
     generator = torch.Generator().manual_seed(rows + columns)
     weight, states = torch.randn(rows, 64, generator=generator), torch.randn(64, columns, generator=generator)
     add = torch.randn(columns, rows, generator=generator).t()  # a transposed view, as the steps pass it
-    expected = torch.addmm(add, weight, states)
     out = torch.full((rows, columns), float("nan"))
     assert few_column_matmul(weight, states, out, add=add) is out
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert_within_matmul_rounding(out, weight, states, add)
     # Into a transposed view of a bigger result, without `add`.
     result = torch.full((columns + 3, rows), float("nan"))
     few_column_matmul(weight, states, result[1 : columns + 1].t())
-    torch.testing.assert_close(result[1 : columns + 1].t(), weight @ states, rtol=1e-5, atol=1e-5)
+    assert_within_matmul_rounding(result[1 : columns + 1].t(), weight, states)
     assert result[0].isnan().all() and result[columns + 1 :].isnan().all()
     # Without `out` (the autograd step): a new tensor, and the gradients of addmm.
     leaves = [t.clone().requires_grad_() for t in (weight, states, add)]
     product = few_column_matmul(leaves[0], leaves[1], add=leaves[2])
     assert product.shape == (rows, columns)
-    torch.testing.assert_close(product, expected, rtol=1e-5, atol=1e-5)
+    assert_within_matmul_rounding(product.detach(), weight, states, add)
     upstream = torch.randn(rows, columns, generator=generator)
     ours = torch.autograd.grad(product, leaves, upstream)
-    theirs = torch.autograd.grad(torch.addmm(leaves[2], leaves[0], leaves[1]), leaves, upstream)
-    for a, b in zip(ours, theirs):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # d/dweight = upstream @ states^T, d/dstates = weight^T @ upstream, d/dadd = upstream.
+    assert_within_matmul_rounding(ours[0], upstream, states.t())
+    assert_within_matmul_rounding(ours[1], weight.t(), upstream)
+    assert torch.equal(ours[2], upstream)
