@@ -1,5 +1,6 @@
 """`hf-elmo` command line: help texts, convert, embed (values, layouts, bad lines, interruption), pretrain."""
 
+import errno
 import json
 import os
 import signal
@@ -111,7 +112,8 @@ def embed(tmp_path, lines, *options, name="out.hdf5", model=None):
     source = tmp_path / f"{name}.txt"
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     output = tmp_path / name
-    rc = main(["embed", str(source), str(output), "--model", str(model), "--no-progress", *options])
+    # On the CPU on any machine: the tests compare with the CPU model bit for bit.
+    rc = main(["embed", str(source), str(output), "--model", str(model), "--no-progress", "--device", "cpu", *options])
     return rc, output
 
 
@@ -255,7 +257,7 @@ def start_embed(source, output, converted_dir):
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     return subprocess.Popen(
         [sys.executable, "-m", "hf_elmo.cli", "embed", str(source), str(output), "--model", str(converted_dir),
-         "--tokenized", "--batch-size", "4", "--window", "64", "--no-progress"],
+         "--tokenized", "--batch-size", "4", "--window", "64", "--no-progress", "--device", "cpu"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
     )
 
@@ -272,17 +274,48 @@ def wait_for_partial(process, folder, min_bytes=1 << 18, timeout=60):
     raise AssertionError("no partial output appeared")
 
 
-@pytest.fixture(scope="module")
-def big_input(sentences, tmp_path_factory):
-    """3000 lines (~31 MB of float32 output): long enough to be interrupted half-way."""
-    path = tmp_path_factory.mktemp("big") / "big.txt"
-    path.write_text("\n".join(sentences * 100) + "\n", encoding="utf-8")
-    return path
+class HeldOpenInput:
+    """
+    A named pipe that the test writes `lines` to and then holds open. `hf-elmo embed` reading it embeds those lines
+    and waits for more, so it is certainly still running when the test signals it, however fast the machine.
+    """
+
+    def __init__(self, folder, lines):
+        self.path = folder / "input.fifo"
+        os.mkfifo(self.path)
+        self.lines = lines
+        self.descriptor = None
+
+    def feed(self, process):
+        # The write end opens (without blocking) only once the embed process has opened the read end.
+        while self.descriptor is None:
+            assert process.poll() is None, process.stderr.read().decode()[-3000:]
+            try:
+                self.descriptor = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as error:
+                if error.errno != errno.ENXIO:
+                    raise
+                time.sleep(0.02)
+        os.set_blocking(self.descriptor, True)
+        os.write(self.descriptor, "".join(line + "\n" for line in self.lines).encode())
+
+    def close(self):
+        if self.descriptor is not None:
+            os.close(self.descriptor)
 
 
-def test_embed_killed_mid_way_leaves_no_output(big_input, sentences, converted_dir, tmp_path):
+@pytest.fixture
+def held_input(sentences, tmp_path_factory):
+    """200 lines (three windows of 64 embedded, ~2 MB of output), then an open pipe with nothing more in it."""
+    held = HeldOpenInput(tmp_path_factory.mktemp("fifo"), (sentences * 20)[:200])
+    yield held
+    held.close()
+
+
+def test_embed_killed_mid_way_leaves_no_output(held_input, sentences, converted_dir, tmp_path):
     output = tmp_path / "vectors.hdf5"
-    process = start_embed(big_input, output, converted_dir)
+    process = start_embed(held_input.path, output, converted_dir)
+    held_input.feed(process)
     partial = wait_for_partial(process, tmp_path)
     assert partial.name == f".vectors.hdf5.{process.pid}.partial"
     process.send_signal(signal.SIGKILL)
@@ -296,9 +329,10 @@ def test_embed_killed_mid_way_leaves_no_output(big_input, sentences, converted_d
         assert f.attrs["num_lines"] == 3 and sorted(f.keys()) == ["0", "1", "2"]
 
 
-def test_embed_terminated_cleans_up(big_input, converted_dir, tmp_path):
+def test_embed_terminated_cleans_up(held_input, converted_dir, tmp_path):
     output = tmp_path / "vectors.hdf5"
-    process = start_embed(big_input, output, converted_dir)
+    process = start_embed(held_input.path, output, converted_dir)
+    held_input.feed(process)
     wait_for_partial(process, tmp_path)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 130

@@ -463,7 +463,7 @@ def test_run_errors_and_empty_lines(corpus, tmp_path, caplog):
 # ------------------------------------------------------------------------------------------------ multi-process
 def _env():
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1",
-           "ACCELERATE_USE_CPU": "1"}
+           "ACCELERATE_USE_CPU": "1", "CUDA_VISIBLE_DEVICES": ""}  # CPU processes, also on a machine with a GPU
     env.pop("ACCELERATE_MIXED_PRECISION", None)
     return env
 
