@@ -15,6 +15,9 @@ END_WORD_CHAR = 259
 PAD_CHAR = 260
 CHAR_ID_SHIFT = 1
 # bilm-tf maps these literal words to the sentence-boundary rows (its vocab files contain them).
+# TensorFlow's LSTMCell adds this to the forget gate at run time; bilm-tf files do not store it.
+FORGET_GATE_BIAS = 1.0
+
 BEGIN_SENTENCE_WORD = "<S>"
 END_SENTENCE_WORD = "</S>"
 
@@ -61,6 +64,10 @@ ELMO_PRESETS = {
     "medium": {"lstm_dim": 2048, "projection_dim": 256, "n_highway": 1},  # 2x2048_256_2048cnn_1xhighway
     "original": {"lstm_dim": 4096, "projection_dim": 512, "n_highway": 2},  # 2x4096_512_2048cnn_2xhighway
 }
+
+
+# What `ElmoConfig.elmo_implementation` accepts (None: chosen per call by the inputs' device).
+ELMO_IMPLEMENTATION_NAMES = (None, "reference", "cpu", "cuda")
 
 
 # Every class a saved folder can be loaded as with `trust_remote_code=True` (where hf_elmo is not installed).
@@ -128,6 +135,14 @@ class ElmoConfig(PreTrainedConfig):
             a value not smaller than `vocab_size`, means the full softmax; evaluation always uses the full one.
         lm_dropout (`float`, defaults to 0.1): dropout on the top biLM layer before the softmax, in training.
 
+    Run time (never saved with the config or the weights):
+        elmo_implementation (`str` or `None`, defaults to `None`): which implementation computes the char CNN and
+            the biLSTM: `"reference"` (the modules' own readable maths), `"cpu"` (tuned for CPUs, inference and
+            training) or `"cuda"` (static shapes, no host syncs, fused recurrence). `None` chooses by the device
+            of the inputs on every call (`ELMO_IMPLEMENTATIONS` in `modeling_elmo.py`). All compute the same
+            function; set it with `from_pretrained(..., elmo_implementation=...)` or
+            `model.set_elmo_implementation(...)`.
+
     `hidden_size` is `2 * projection_dim`: every output layer is `[forward; backward]`.
     """
 
@@ -189,9 +204,28 @@ class ElmoConfig(PreTrainedConfig):
         self.eos_word_id = eos_word_id
         self.num_softmax_samples = num_softmax_samples
         self.lm_dropout = lm_dropout
+        self.elmo_implementation = kwargs.pop("elmo_implementation", None)
         super().__init__(pad_token_id=pad_token_id, **kwargs)
         self.auto_map = {**ELMO_AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
         self.validate_elmo()
+
+    @property
+    def elmo_implementation(self) -> str | None:
+        return self._elmo_implementation
+
+    @elmo_implementation.setter
+    def elmo_implementation(self, name: str | None):
+        if name not in ELMO_IMPLEMENTATION_NAMES:
+            raise ValueError(
+                f"elmo_implementation must be one of {ELMO_IMPLEMENTATION_NAMES} (None chooses by device), got {name!r}."
+            )
+        self._elmo_implementation = name
+
+    def to_dict(self) -> dict:
+        # The implementation is a choice of this process (which device it runs on), not part of the model.
+        output = super().to_dict()
+        output.pop("_elmo_implementation", None)
+        return output
 
     @property
     def hidden_size(self) -> int:

@@ -5,10 +5,9 @@ projection) -> `ElmoBiLstm` (stacked `ElmoLstmLayer`s per direction) -> `ElmoMod
 """
 
 import contextlib
-import functools
 import math
 import os
-from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,40 +20,21 @@ from transformers.modeling_outputs import BaseModelOutput, SequenceClassifierOut
 from transformers.utils import ModelOutput, logging
 from transformers.utils.generic import can_return_tuple
 
-from .configuration_elmo import BEGIN_SENTENCE_WORD, END_SENTENCE_WORD, ElmoConfig, word_to_char_ids
+from .elmo_cpu import ElmoTokenCache
+from .elmo_cpu import bilstm as cpu_bilstm
+from .elmo_cpu import token_vectors as cpu_token_vectors
+from .elmo_cuda import bilstm as cuda_bilstm
+from .configuration_elmo import (
+    BEGIN_SENTENCE_WORD,
+    END_SENTENCE_WORD,
+    FORGET_GATE_BIAS,
+    ElmoConfig,
+    word_to_char_ids,
+)
+from .log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
 
 
 logger = logging.get_logger(__name__)
-
-# TensorFlow's LSTMCell adds this to the forget gate at run time; bilm-tf files do not store it.
-FORGET_GATE_BIAS = 1.0
-
-
-def few_column_matmul(
-    weight: torch.Tensor, columns: torch.Tensor, out: torch.Tensor | None = None, add: torch.Tensor | None = None
-) -> torch.Tensor:
-    """
-    `add + weight @ columns` for a tall `weight` and a few `columns` (one per sentence still being read), written
-    into `out` when given (without autograd) or returned as a new tensor.
-
-    CPU BLAS shares such a product between threads badly at some column counts (MKL with 32 columns: 2.2 ms for
-    "original"'s 16384x512 recurrent weight, against 1.7 ms with 31). Handing it row blocks of the weight as one
-    batched matmul keeps every thread on whole blocks: 1.5 ms at 32 columns and never slower elsewhere, except
-    for a single column, where the matrix-vector product is faster still. (CPU only: GPUs get the plain product.)
-    """
-    blocks = max(2, min(16, weight.shape[0] // 256))
-    if columns.shape[1] == 1 or weight.shape[0] % blocks or weight.device.type != "cpu":
-        if add is None:
-            return torch.mm(weight, columns, out=out)
-        return torch.addmm(add, weight, columns, out=out)
-    weight = weight.view(blocks, -1, weight.shape[1])
-    columns = columns.expand(blocks, *columns.shape)
-    blocked_out = None if out is None else out.view(blocks, -1, columns.shape[-1])
-    if add is None:
-        product = torch.bmm(weight, columns, out=blocked_out)
-    else:
-        product = torch.baddbmm(add.view(blocks, -1, add.shape[1]), weight, columns, out=blocked_out)
-    return product.view(-1, columns.shape[-1]) if out is None else out
 
 
 @dataclass
@@ -96,53 +76,6 @@ class ElmoHighway(nn.Module):
         return gate * torch.relu(self.transform(hidden)) + (1 - gate) * hidden
 
 
-class ElmoTokenCache:
-    """
-    A bounded least-recently-used memo of token-layer vectors, keyed by a word's char-id row. Valid because the
-    token layer is context-free: a word's vector depends on its characters and the char-encoder weights only.
-    Entries are dropped whenever those weights change (in place, or replaced, or cast), so it never serves stale
-    vectors; it is bypassed whenever gradients are needed. Memory: `max_words * projection_dim` values.
-    """
-
-    def __init__(self, max_words: int):
-        if isinstance(max_words, bool) or not isinstance(max_words, int) or max_words <= 0:
-            raise ValueError(f"max_words must be a positive integer, got {max_words!r}.")
-        self.max_words = max_words
-        self.hits = self.misses = 0
-        self._entries: OrderedDict[tuple, torch.Tensor] = OrderedDict()
-        self._weights_key = None
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def clear(self):
-        self._entries.clear()
-
-    def vectors(self, encoder: "ElmoCharacterEncoder", char_ids: torch.Tensor) -> torch.Tensor:
-        """Token vectors of `char_ids` rows (distinct), computing only the rows not cached."""
-        weights_key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in encoder.parameters())
-        if weights_key != self._weights_key:
-            self._entries.clear()
-            self._weights_key = weights_key
-        keys = [tuple(row) for row in char_ids.tolist()]
-        found = [self._entries.get(key) for key in keys]
-        missing = [i for i, vector in enumerate(found) if vector is None]
-        self.hits += len(keys) - len(missing)
-        self.misses += len(missing)
-        for key, vector in zip(keys, found):
-            if vector is not None:
-                self._entries.move_to_end(key)
-        if missing:
-            # Each entry is its own copy, so evicting it frees it (a view would keep the whole batch alive).
-            computed = encoder._token_vectors(char_ids[missing])
-            for i, vector in zip(missing, computed.unbind()):
-                found[i] = vector
-                self._entries[keys[i]] = vector.clone()
-            while len(self._entries) > self.max_words:
-                self._entries.popitem(last=False)
-        return torch.stack(found)
-
-
 class ElmoCharacterEncoder(nn.Module):
     """Char ids of words `(num_words, max_characters_per_token)` -> token vectors `(num_words, projection_dim)`."""
 
@@ -162,9 +95,7 @@ class ElmoCharacterEncoder(nn.Module):
             self.projection = nn.Identity()
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        if self.use_fast_path:
-            return self._fast_forward(char_ids)
-        # The reference path: the specification of the token layer, and the oracle of the fast path's tests.
+        # The specification of the token layer: the "reference" implementation, and the oracle of the others.
         chars = self.char_embeddings(char_ids).transpose(1, 2)  # (words, char_dim, chars)
         pooled = torch.cat([conv(chars).amax(dim=-1) for conv in self.convolutions], dim=-1)
         hidden = self.activation(pooled)
@@ -172,93 +103,18 @@ class ElmoCharacterEncoder(nn.Module):
             hidden = highway(hidden)
         return self.projection(hidden)
 
-    # Fast path (the default): the same function as the reference path above, on the same parameters, computed
-    # with fewer and better-shaped operations. Select the reference path with `use_fast_path = False`.
-    use_fast_path = True
-    # Window positions per convolution matmul: bounds the (positions, n_filters) activation (2 MB in fp32 for
-    # 2048 filters; as fast as larger chunks, and small temporaries keep glibc's heap from growing).
-    conv_chunk_positions = 256
-
-    # An `ElmoTokenCache` once `enable_token_cache` was called (opt-in; used by the fast path only).
+    # An `ElmoTokenCache` once `enable_token_cache` was called (opt-in; used by the "cpu" implementation).
     token_cache = None
 
     def enable_token_cache(self, max_words: int = 100_000):
-        """Memoise token vectors of up to `max_words` words (LRU) across calls, for inference on fixed weights."""
+        """
+        Memoise token vectors of up to `max_words` words (LRU) across calls, for CPU inference on fixed weights
+        (the "cpu" implementation uses it; the others compute every word).
+        """
         self.token_cache = ElmoTokenCache(max_words)
 
     def disable_token_cache(self):
         self.token_cache = None
-
-    def _fast_forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        # A word's vector depends on its characters only, so each distinct word is computed once per call.
-        distinct, inverse = torch.unique(char_ids, dim=0, return_inverse=True)
-        needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters())
-        if self.token_cache is None or needs_grad:
-            return self._token_vectors(distinct)[inverse]
-        return self.token_cache.vectors(self, distinct)[inverse]
-
-    def _token_vectors(self, char_ids: torch.Tensor) -> torch.Tensor:
-        pooled = self._pooled_convolutions(char_ids)
-        hidden = self.activation(pooled.add_(torch.cat([conv.bias for conv in self.convolutions])))
-        for highway in self.highways:
-            # ElmoHighway's function with 3 temporaries instead of 8 (in-place activations are autograd-safe here:
-            # sigmoid and relu keep their results, the linear layers do not need their outputs).
-            gate = highway.carry(hidden).sigmoid_()
-            hidden = torch.lerp(hidden, highway.transform(hidden).relu_(), gate)
-        return self.projection(hidden)
-
-    def _conv_kernel(self) -> torch.Tensor:
-        """All filters as one `(widest * char_dim, n_filters)` matrix, each zero-padded to the widest width."""
-        widest = max(conv.kernel_size[0] for conv in self.convolutions)
-        # Conv1d weight (n, char_dim, width) -> (width, char_dim, n), with zero taps past the filter's width.
-        taps = [
-            nn.functional.pad(conv.weight.permute(2, 1, 0), (0, 0, 0, 0, 0, widest - conv.kernel_size[0]))
-            for conv in self.convolutions
-        ]
-        return torch.cat(taps, dim=-1).flatten(0, 1)
-
-    def _pooled_convolutions(self, char_ids: torch.Tensor) -> torch.Tensor:
-        """
-        Max-pooled convolutions (before bias and activation) of `(words, chars)` ids, as im2col matmuls.
-
-        A word's row ends in a run of one repeated id (the padding char). Every window that lies inside that run
-        is the same window, so the max needs only the windows starting before the run plus the first one inside
-        it: a 5-byte word needs 8 of the 50 positions. Words are sorted by that count and chunked, and each chunk
-        computes as many positions as its longest word (extra positions repeat the run's window, which does not
-        change the max). Each chunk is ONE matmul of every position's widest window (flattened) by all filters.
-        """
-        num_words, num_chars = char_ids.shape
-        widths = [conv.kernel_size[0] for conv in self.convolutions]
-        widest = max(widths)
-        kernel = self._conv_kernel()
-        # Positions needed per word: up to and including the first window that starts inside the trailing run.
-        position = torch.arange(1, num_chars + 1, device=char_ids.device)
-        run_start = ((char_ids != char_ids[:, -1:]) * position).amax(dim=1)
-        needed, order = torch.sort((run_start + 1).clamp(max=num_chars))
-        needed = needed.tolist()
-        pooled, start = [], 0
-        while start < num_words:
-            # The chunk's positions are those of its longest (last) word.
-            end = start + 1
-            while end < num_words and (end + 1 - start) * needed[end] <= self.conv_chunk_positions:
-                end += 1
-            positions = needed[end - 1]
-            ids = char_ids[order[start:end], : min(num_chars, positions + widest - 1)]
-            chars = self.char_embeddings(ids)  # (words, chars, char_dim)
-            chars = nn.functional.pad(chars, (0, 0, 0, positions + widest - 1 - chars.shape[1]))
-            windows = chars.unfold(1, widest, 1).transpose(2, 3).flatten(2)  # (words, positions, widest*char_dim)
-            features = (windows.flatten(0, 1) @ kernel).view(end - start, positions, -1)
-            chunk, column = [], 0
-            for conv, width in zip(self.convolutions, widths):
-                # Only positions where the filter lies inside the row are valid (a "valid" convolution).
-                valid = min(positions, num_chars - width + 1)
-                chunk.append(features[:, :valid, column : column + conv.out_channels].amax(dim=1))
-                column += conv.out_channels
-            pooled.append(torch.cat(chunk, dim=-1))
-            start = end
-        if not pooled:
-            return kernel.new_zeros(0, kernel.shape[1])
-        return torch.cat(pooled)[torch.argsort(order)]
 
 
 class ElmoLstmLayer(GradientCheckpointingLayer):
@@ -343,9 +199,7 @@ class ElmoBiLstm(nn.Module):
         """
         if output_layers is None:
             output_layers = tuple(range(len(self.forward_layers)))
-        if self.use_fast_path:
-            return self._fast_forward(tokens, mask, state, output_layers, words_only)
-        # The reference path: the specification of the biLSTM, and the oracle of the fast path's tests.
+        # The specification of the biLSTM: the "reference" implementation, and the oracle of the others.
         lengths = mask.sum(dim=1)
         final_cells, final_hiddens, layer_outputs = [], [], []
         directions = []
@@ -372,291 +226,55 @@ class ElmoBiLstm(nn.Module):
             layer_outputs.append(output)
         return layer_outputs, (torch.stack(final_cells, dim=1), torch.stack(final_hiddens, dim=1))
 
-    # Fast path (the default): the same function as the reference path above, on the same parameters. Each step
-    # computes only the rows still reading: rows are sorted longest first and packed time-major, so those rows are
-    # a prefix. Select the reference path with `use_fast_path = False`.
-    use_fast_path = True
-    # Values of input gates computed by one matmul: larger blocks reuse each read of the input weights for more
-    # positions, smaller ones bound the memory. 2M values (8 MB in fp32) is 128 positions of "original", as fast
-    # as 256 (measured) and half the memory.
-    input_gates_block_values = 1 << 21
-    # The first layer's input gates are computed once per distinct word of the batch (a table the steps gather
-    # from) when the table has at most this many values: 4M (16 MB) is 256 distinct words of "original". Worth
-    # ~18% of "original"'s speed on the benchmark's batches; past the bound, blocks as in the other layers.
-    input_gates_table_values = 1 << 22
 
-    def _fast_forward(
-        self,
-        tokens: torch.Tensor,
-        mask: torch.Tensor,
-        state: tuple[torch.Tensor, torch.Tensor],
-        output_layers: tuple[int, ...],
-        words_only: bool,
-    ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        batch_size, num_steps, width = tokens.shape
-        lengths = mask.sum(dim=1)
-        order = torch.argsort(lengths, descending=True, stable=True)
-        sorted_lengths = lengths[order]
-        host_lengths = sorted_lengths.tolist()
-        # rows_at[t]: how many (sorted) rows read step t.
-        rows_at, rows = [], batch_size
-        for step in range(host_lengths[0] if host_lengths else 0):
-            while host_lengths[rows - 1] <= step:
-                rows -= 1
-            rows_at.append(rows)
-        # Packed time-major order: step 0 of every reading row, then step 1, ... Each position's source in the
-        # padded (batch * time) layout: forward reads step t, backward reads step length - 1 - t.
-        reading = torch.arange(len(rows_at), device=tokens.device)[:, None] < sorted_lengths
-        step_index, row_index = reading.nonzero(as_tuple=True)
-        source = order[row_index] * num_steps
-        forward_source = source + step_index
-        backward_source = source + sorted_lengths[row_index] - 1 - step_index
-        flat = tokens.reshape(batch_size * num_steps, width)
-        distinct = None
-        if self._works_in_place(tokens):
-            # The first layer reads the token layer, where every occurrence of a word is the same vector: its input
-            # gates are computed once per distinct vector, into a table that the steps gather from, when the table
-            # is small enough. (Inference only: with autograd, equal rows may come from different sources, and
-            # each must get its own gradient.)
-            distinct_rows, forward_row = torch.unique(flat[forward_source], dim=0, return_inverse=True)
-            gate_values = self.forward_layers[0].input_proj.out_features
-            if distinct_rows.shape[0] * gate_values <= self.input_gates_table_values:
-                row_of = forward_row.new_empty(batch_size * num_steps)
-                row_of[forward_source] = forward_row
-                distinct = (distinct_rows, torch.stack([forward_row, row_of[backward_source]]))
-        # The first layer's inputs `(2, positions, width)`, unless it reads the table.
-        layer_input = None if distinct is not None else torch.stack([flat[forward_source], flat[backward_source]])
+@dataclass(frozen=True)
+class ElmoImplementation:
+    """
+    One way of computing the char CNN and the biLSTM: functions over the modules' parameters that compute what
+    `ElmoCharacterEncoder.forward` and `ElmoBiLstm.forward` specify. Like Transformers' attention
+    implementations, the choice changes speed, never the function (the tests hold each one to "reference").
+    """
 
-        packed_outputs, final_cells, final_hiddens, workspace = [], [], [], {}
-        for index in range(len(self.forward_layers)):
-            initial = (state[0][index][:, order], state[1][index][:, order])
-            layer = self.forward_layers[index]
-            if layer.gradient_checkpointing and self.training:
-                run = functools.partial(self._fast_layer, index, rows_at=rows_at)
-                output, cell, hidden = layer._gradient_checkpointing_func(run, layer_input, *initial)
-            else:
-                output, cell, hidden = self._fast_layer(
-                    index, layer_input, *initial, rows_at, distinct if index == 0 else None, workspace
-                )
-            if index == 0:
-                # Only the first layer reads the table.
-                workspace.pop("table", None)
-                workspace.pop("gathered", None)
-            if index > 0 and self.use_skip_connections:
-                output = output.add_(layer_input) if not torch.is_grad_enabled() else output + layer_input
-            # A layer that is not asked for is freed once the next one has read it.
-            packed_outputs.append(output if index in output_layers else None)
-            final_cells.append(cell)
-            final_hiddens.append(hidden)
-            layer_input = output
+    # (ElmoCharacterEncoder, char ids (words, chars)) -> token vectors (words, projection_dim)
+    token_vectors: Callable
+    # (ElmoBiLstm, tokens, mask, state, output_layers, words_only) -> as ElmoBiLstm.forward
+    bilstm: Callable
+    # Whether input checks may read values back to the host (and raise ValueError with details). Otherwise they
+    # stay on the device (`torch._assert_async`): no sync, and a bad value stops the process.
+    checks_on_host: bool
 
-        workspace.clear()  # before the padded outputs are allocated
-        # Unpack straight into the padded output layout (zeros past each row's length), backward outputs back in
-        # reading order. Without the first and last positions, those land in one spare row past the end.
-        out_steps = num_steps - 2 if words_only else num_steps
-        steps = torch.stack([step_index, sorted_lengths[row_index] - 1 - step_index])  # (2, positions)
-        target = order[row_index] * out_steps + steps
-        if words_only:
-            is_word = (steps >= 1) & (steps <= sorted_lengths[row_index] - 2)
-            target = torch.where(is_word, target - 1, batch_size * out_steps)
-        half = torch.arange(2, device=tokens.device)[:, None].expand_as(target)
-        layer_outputs = []
-        for index in output_layers:
-            output = packed_outputs[index]
-            unpacked = output.new_zeros(batch_size * out_steps + words_only, 2, width)
-            unpacked.index_put_((target.flatten(), half.flatten()), output.flatten(0, 1))
-            layer_outputs.append(unpacked[: batch_size * out_steps].view(batch_size, out_steps, 2 * width))
-        restore = torch.argsort(order)
-        return layer_outputs, (torch.stack(final_cells)[:, :, restore], torch.stack(final_hiddens)[:, :, restore])
-
-    def _fast_layer(
-        self,
-        index: int,
-        inputs: torch.Tensor,
-        cell: torch.Tensor,
-        hidden: torch.Tensor,
-        rows_at: list[int],
-        distinct: tuple[torch.Tensor, torch.Tensor] | None = None,
-        workspace: dict | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """
-        Layer `index` of both directions on packed inputs `(2, positions, projection_dim)` from the initial state
-        `(2, batch, ·)` (rows sorted longest first). Returns the packed outputs and each row's final state.
-        `distinct`, working in place only: the distinct input rows and, per direction, each position's row; the
-        inputs are then read from those alone (`inputs` may be None).
-        """
-        layers = (self.forward_layers[index], self.backward_layers[index])
-        # Working in place, both directions write their outputs straight into one tensor.
-        out = None
-        if workspace is not None and self._works_in_place(hidden):
-            out = hidden.new_empty(2, sum(rows_at), hidden.shape[-1])
-        results = [
-            self._fast_direction(
-                layers[d],
-                None if inputs is None else inputs[d],
-                cell[d],
-                hidden[d],
-                rows_at,
-                None if distinct is None else (distinct[0], distinct[1][d]),
-                {} if workspace is None else workspace,
-                None if out is None else out[d],
-            )
-            for d in range(2)
-        ]
-        outputs, cells, hiddens = zip(*results)
-        return (torch.stack(outputs) if out is None else out), torch.stack(cells), torch.stack(hiddens)
-
-    @staticmethod
-    def _works_in_place(tensor: torch.Tensor) -> bool:
-        # Under autocast the `out=` buffers would keep fp32 while autocast hands the matmuls bf16 operands.
-        return not torch.is_grad_enabled() and not torch.is_autocast_enabled(tensor.device.type)
-
-    def _fast_direction(
-        self,
-        layer: ElmoLstmLayer,
-        inputs: torch.Tensor,
-        cell: torch.Tensor,
-        hidden: torch.Tensor,
-        rows_at: list[int],
-        distinct: tuple[torch.Tensor, torch.Tensor] | None = None,
-        workspace: dict | None = None,
-        out: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """
-        `layer` over packed inputs `(positions, projection_dim)` from the initial state `(batch, ·)`.
-
-        One direction at a time: every step reads the whole recurrent and projection weights, and one direction's
-        (40 MB for "original") stays in cache better than both directions' (measured ~13% faster than stepping the
-        two together, and no stacked copy of the weights). Inside, vectors are columns (feature-major): the
-        matmuls are then `weight @ states`, the shape that runs fastest on few rows, and dropping finished rows
-        is a column slice.
-        """
-        lstm_dim = cell.shape[-1]
-        # TensorFlow's forget bias is folded into the stored bias once instead of being added at every step.
-        bias = layer.input_proj.bias
-        bias = torch.cat([bias[: 2 * lstm_dim], bias[2 * lstm_dim : 3 * lstm_dim] + FORGET_GATE_BIAS, bias[3 * lstm_dim :]])
-        bias = bias[:, None]
-        cell, hidden = cell.t(), hidden.t()  # (lstm_dim, batch), (proj, batch)
-        inputs = None if inputs is None else inputs.t()  # (proj, positions)
-        batch_size, positions = cell.shape[1], sum(rows_at)
-        block_positions = max(1, self.input_gates_block_values // (4 * lstm_dim))
-        # Without autograd, each step completes its gates inside the input-gate buffer, updates the state in place
-        # and writes its outputs into the result: no new tensors a step (faster, and flat memory).
-        in_place = self._works_in_place(cell)
-        if in_place:
-            # Scratch buffers, shared by every layer and direction of this forward (fewer large allocations).
-            def scratch(name: str, size: int) -> torch.Tensor:
-                if name not in workspace or workspace[name].numel() < size:
-                    workspace[name] = cell.new_empty(size)
-                return workspace[name][:size]
-
-            gates_buffer = scratch("gates", 4 * lstm_dim * batch_size)
-            cell_buffers = [scratch(name, lstm_dim * batch_size) for name in ("cell_a", "cell_b")]
-            # The state lives in contiguous feature-major buffers; each step's hidden state is then copied into
-            # the (position-major) result: the projection writing straight into it runs ~40% slower.
-            hidden_buffers = [scratch(name, hidden.shape[0] * batch_size) for name in ("hidden_a", "hidden_b")]
-            packed = hidden.new_empty(positions, hidden.shape[0]) if out is None else out  # (positions, projection_dim)
-            final_cell, final_hidden = torch.empty_like(cell), torch.empty_like(hidden)
-            # Input gates of each distinct input row `(distinct, 4 * lstm_dim)`; each step gathers its rows.
-            table = None
-            if distinct is not None:
-                table = scratch("table", 4 * lstm_dim * distinct[0].shape[0]).view(-1, 4 * lstm_dim)
-                # In chunks, with the matmul shape of the blocks (an odd shape makes MKL keep extra buffers).
-                for chunk, rows in zip(table.split(batch_size), distinct[0].split(batch_size)):
-                    part = gates_buffer[: 4 * lstm_dim * rows.shape[0]].view(4 * lstm_dim, -1)
-                    chunk.copy_(torch.addmm(bias, layer.input_proj.weight, rows.t(), out=part).t())
-                gathered_buffer = scratch("gathered", batch_size * 4 * lstm_dim)
+    def check(self, condition: torch.Tensor, message: str | Callable[[], str]):
+        """Fail with `message` (a string, or a function making one) unless the 0-dim bool `condition` holds."""
+        if self.checks_on_host:
+            if not bool(condition):
+                raise ValueError(message() if callable(message) else message)
         else:
-            outputs, finished_cells, finished_hiddens = [], [], []
+            torch._assert_async(condition, message if isinstance(message, str) else "invalid input to ELMo")
 
-        block_start = block_end = offset = 0
-        input_gates = None
-        for step_index, rows in enumerate(rows_at):
-            if rows < hidden.shape[1]:
-                # Rows past their length: their state is final.
-                if in_place:
-                    final_cell[:, rows : hidden.shape[1]] = cell[:, rows:]
-                    final_hidden[:, rows : hidden.shape[1]] = hidden[:, rows:]
-                else:  # copies, so as not to keep whole steps alive
-                    finished_cells.append(cell[:, rows:].clone())
-                    finished_hiddens.append(hidden[:, rows:].clone())
-                cell, hidden = cell[:, :rows], hidden[:, :rows]
-            if offset + rows > block_end and not (in_place and table is not None):
-                # The input part of the gates, for the next block of positions at once.
-                block_start, block_end = offset, min(offset + block_positions, positions)
-                block_end = max(block_end, offset + rows)
-                width, block = block_end - block_start, inputs[:, block_start:block_end]
-                input_gates = None
-                if in_place and width <= block_positions:
-                    buffer = scratch("input_gates", 4 * lstm_dim * block_positions)[: 4 * lstm_dim * width]
-                    buffer = buffer.view(4 * lstm_dim, width)
-                    input_gates = torch.addmm(bias, layer.input_proj.weight, block, out=buffer)
-                else:
-                    input_gates = torch.addmm(bias, layer.input_proj.weight, block)
-            step = slice(offset - block_start, offset - block_start + rows)
-            if in_place:
-                if table is not None:
-                    gathered = gathered_buffer[: rows * 4 * lstm_dim].view(rows, 4 * lstm_dim)
-                    input_part = torch.index_select(table, 0, distinct[1][offset : offset + rows], out=gathered).t()
-                else:
-                    input_part = input_gates[:, step]
-                gates = gates_buffer[: 4 * lstm_dim * rows].view(4 * lstm_dim, rows)
-                new_cell = cell_buffers[step_index % 2][: lstm_dim * rows].view(lstm_dim, rows)
-                new_hidden = hidden_buffers[step_index % 2][: hidden.shape[0] * rows].view(-1, rows)
-                cell, hidden = self._step_in_place(layer, input_part, cell, hidden, gates, new_cell, new_hidden)
-                packed[offset : offset + rows].copy_(hidden.t())
-            else:
-                cell, hidden = self._step(layer, input_gates[:, step], cell, hidden)
-                outputs.append(hidden)
-            offset += rows
-        if in_place:
-            final_cell[:, : cell.shape[1]] = cell
-            final_hidden[:, : hidden.shape[1]] = hidden
-            return packed, final_cell.t(), final_hidden.t()
-        final_cell = torch.cat([cell, *reversed(finished_cells)], dim=1).t()
-        final_hidden = torch.cat([hidden, *reversed(finished_hiddens)], dim=1).t()
-        packed = torch.cat(outputs, dim=1) if outputs else hidden.new_zeros(hidden.shape[0], 0)
-        return packed.t(), final_cell, final_hidden
 
-    @staticmethod
-    def _step(layer: ElmoLstmLayer, input_part, cell, hidden):
-        """One step, feature-major: input part of the gates `(4 * lstm_dim, rows)`, `cell` `(lstm_dim, rows)`..."""
-        gates = few_column_matmul(layer.recurrent_proj.weight, hidden, add=input_part)
-        in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=0)
-        cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(in_gate) * torch.tanh(candidate)
-        if layer.cell_clip is not None:
-            cell = cell.clamp(-layer.cell_clip, layer.cell_clip)
-        hidden = torch.sigmoid(out_gate) * torch.tanh(cell)
-        if isinstance(layer.output_proj, nn.Linear):
-            hidden = few_column_matmul(layer.output_proj.weight, hidden)
-        if layer.proj_clip is not None:
-            hidden = hidden.clamp(-layer.proj_clip, layer.proj_clip)
-        return cell, hidden
+ELMO_IMPLEMENTATIONS = {
+    # The modules themselves: the specification, and the oracle of the others.
+    "reference": ElmoImplementation(lambda encoder, ids: encoder(ids), lambda bilstm, *args: bilstm(*args), True),
+    # Tuned for CPUs (elmo_cpu.py): each distinct word once, a packed in-place recurrence for inference.
+    "cpu": ElmoImplementation(cpu_token_vectors, cpu_bilstm, True),
+    # Static shapes and no host syncs, a fused recurrence with a hand-written backward (elmo_cuda.py).
+    "cuda": ElmoImplementation(lambda encoder, ids: encoder(ids), cuda_bilstm, False),
+}
 
-    @staticmethod
-    def _step_in_place(layer: ElmoLstmLayer, input_part, cell, hidden, gates, new_cell, new_hidden):
-        """
-        `_step` without autograd, writing into the buffers `gates` `(4 * lstm_dim, rows)`, `new_cell` and
-        `new_hidden` (not into `cell` and `hidden`, which it reads). Contiguous gates make the element-wise work
-        ~4x faster than working in place on a column slice of the input gates.
-        """
-        few_column_matmul(layer.recurrent_proj.weight, hidden, gates, add=input_part)
-        in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=0)
-        in_gate.sigmoid_()
-        gates[2 * cell.shape[0] :].sigmoid_()  # forget and output gates
-        candidate.tanh_()
-        torch.mul(forget_gate, cell, out=new_cell)
-        new_cell.addcmul_(in_gate, candidate)
-        if layer.cell_clip is not None:
-            new_cell.clamp_(-layer.cell_clip, layer.cell_clip)
-        output = torch.tanh(new_cell, out=candidate).mul_(out_gate)  # candidate is spent: reuse its rows
-        if isinstance(layer.output_proj, nn.Linear):
-            few_column_matmul(layer.output_proj.weight, output, new_hidden)
+
+def elmo_implementation_for(config: ElmoConfig, device: torch.device) -> ElmoImplementation:
+    """
+    The one place the implementation is chosen: `config.elmo_implementation` when set, else by the inputs'
+    device, "cuda" on a GPU and "cpu" on a CPU. Inside `torch.compile`, which traces static graphs, the default
+    is "cuda" on any device (the "cpu" implementation reads lengths back to the host).
+    """
+    name = config.elmo_implementation
+    if name is None:
+        if device.type == "cuda" or torch.compiler.is_compiling():
+            name = "cuda"
         else:
-            new_hidden.copy_(output)
-        if layer.proj_clip is not None:
-            new_hidden.clamp_(-layer.proj_clip, layer.proj_clip)
-        return new_cell, new_hidden
+            name = "cpu" if device.type == "cpu" else "reference"
+    return ELMO_IMPLEMENTATIONS[name]
 
 
 class ElmoPreTrainedModel(PreTrainedModel):
@@ -672,6 +290,17 @@ class ElmoPreTrainedModel(PreTrainedModel):
         if isinstance(module, ElmoHighwayGate):
             # Start highways close to the identity (carry the input), as bilm-tf initialises them.
             init.constant_(module.bias, -2.0)
+
+    def set_elmo_implementation(self, name: str | None):
+        """
+        Compute the char CNN and the biLSTM with implementation `name` ("reference", "cpu", "cuda"), or choose by
+        device on every call (None, the default). A choice of this process, never saved with the model; also
+        `from_pretrained(..., elmo_implementation=name)`.
+        """
+        self.config.elmo_implementation = name
+        for module in self.modules():
+            if isinstance(module, PreTrainedModel):
+                module.config.elmo_implementation = name
 
     # --- Hub tooling (hf-elmo publish / trust_remote_code): every saved folder has a tokenizer -------------------
     def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
@@ -722,8 +351,15 @@ class ElmoModel(ElmoPreTrainedModel):
         rows = [word_to_char_ids(BEGIN_SENTENCE_WORD, width), word_to_char_ids(END_SENTENCE_WORD, width)]
         return torch.tensor(rows, dtype=torch.long, device=device)
 
-    def word_mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def word_mask(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, implementation: ElmoImplementation | None = None
+    ) -> torch.Tensor:
         """Checks the inputs and returns which positions hold words, `(batch, words)` bool."""
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(
+                f"input_ids must be a torch.Tensor of char ids (from ElmoTokenizer(..., return_tensors='pt')), "
+                f"got {type(input_ids).__name__}."
+            )
         if input_ids.dim() != 3 or input_ids.shape[-1] != self.config.max_characters_per_token:
             raise ValueError(
                 f"input_ids must have shape (batch, words, {self.config.max_characters_per_token}) (char ids per word, "
@@ -731,8 +367,9 @@ class ElmoModel(ElmoPreTrainedModel):
             )
         if input_ids.shape[0] == 0:
             raise ValueError("input_ids is an empty batch (batch size 0); pass at least one sentence.")
-        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
-            raise ValueError(f"input_ids must hold integer char ids, got dtype {input_ids.dtype}.")
+        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.dtype == torch.uint8:
+            raise ValueError(f"input_ids must hold integer char ids (int64 or int32), got dtype {input_ids.dtype}.")
+        implementation = implementation or elmo_implementation_for(self.config, input_ids.device)
         has_chars = input_ids.ne(0).any(dim=-1)
         if attention_mask is None:
             mask = has_chars
@@ -743,17 +380,22 @@ class ElmoModel(ElmoPreTrainedModel):
                     f"got {tuple(attention_mask.shape)}."
                 )
             mask = attention_mask.bool()
-            if (mask & ~has_chars).any():
-                raise ValueError("attention_mask marks a word whose input_ids row is all zeros (a padded position).")
-        if input_ids.numel() and (input_ids.min() < 0 or input_ids.max() >= self.config.n_characters):
-            raise ValueError(f"input_ids hold char ids outside [0, {self.config.n_characters}).")
+            implementation.check(
+                ~(mask & ~has_chars).any(),
+                "attention_mask marks a word whose input_ids row is all zeros (a padded position).",
+            )
+        if input_ids.numel():
+            implementation.check(
+                (input_ids.min() >= 0) & (input_ids.max() < self.config.n_characters),
+                f"input_ids hold char ids outside [0, {self.config.n_characters}).",
+            )
         lengths = mask.sum(dim=1)
         prefix = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
-        if not torch.equal(prefix, mask):
-            raise ValueError(
-                "Each row's words must come first and padding last (right padding): found a word after a padded "
-                "position. ElmoTokenizer pads on the right."
-            )
+        implementation.check(
+            (prefix == mask).all(),
+            "Each row's words must come first and padding last (right padding): found a word after a padded "
+            "position. ElmoTokenizer pads on the right.",
+        )
         return mask
 
     def zero_lstm_state(self, batch_size: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -802,21 +444,23 @@ class ElmoModel(ElmoPreTrainedModel):
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
-        mask = self.word_mask(input_ids, attention_mask)
+        implementation = elmo_implementation_for(self.config, input_ids.device)
+        mask = self.word_mask(input_ids, attention_mask, implementation)
         batch_size, num_words = mask.shape
         lengths = mask.sum(dim=1)
         dtype = self.char_encoder.char_embeddings.weight.dtype
 
-        # The char CNN runs on real words only, plus one <S> and one </S> for the whole batch.
-        vectors = self.char_encoder(torch.cat([self.boundary_char_ids(input_ids.device), input_ids[mask]]))
-        boundary_vectors, word_vectors = vectors[:2], vectors[2:]
-
-        # Lay out every row as <S> w_1 .. w_n </S> followed by zero padding.
-        sequence_mask = torch.arange(num_words + 2, device=mask.device) < (lengths[:, None] + 2)
-        tokens = boundary_vectors.new_zeros(batch_size, num_words + 2, boundary_vectors.shape[-1])
-        tokens[:, 0] = boundary_vectors[0]
-        tokens[:, 1:-1][mask] = word_vectors
-        tokens[torch.arange(batch_size, device=mask.device), lengths + 1] = boundary_vectors[1]
+        # Every row as <S> w_1 .. w_n </S> followed by padding, laid out with static shapes (no host syncs): the
+        # char CNN reads every position and padding is zeroed after it.
+        positions = torch.arange(num_words + 2, device=mask.device)
+        sequence_mask = positions < (lengths[:, None] + 2)
+        boundaries = self.boundary_char_ids(input_ids.device)
+        input_ids = input_ids.long()
+        padding = input_ids.new_zeros(batch_size, 1, input_ids.shape[-1])
+        char_ids = torch.cat([boundaries[0].expand(batch_size, 1, -1), input_ids, padding], dim=1)
+        char_ids = torch.where((positions == lengths[:, None] + 1)[..., None], boundaries[1], char_ids)
+        vectors = implementation.token_vectors(self.char_encoder, char_ids.flatten(0, 1))
+        tokens = vectors.view(batch_size, num_words + 2, -1) * sequence_mask[..., None]
 
         state = lstm_state
         if state is None:
@@ -826,18 +470,15 @@ class ElmoModel(ElmoPreTrainedModel):
             state = (state[0].to(dtype), state[1].to(dtype))
         num_layers = self.config.num_lstm_layers
         output_layers = tuple(range(num_layers)) if output_hidden_states else (num_layers - 1,)
-        lstm_outputs, final_state = self.bilstm(
-            tokens, sequence_mask, state, output_layers=output_layers, words_only=not keep_sentence_boundaries
+        lstm_outputs, final_state = implementation.bilstm(
+            self.bilstm, tokens, sequence_mask, state, output_layers, not keep_sentence_boundaries
         )
 
         layers = lstm_outputs
         if output_hidden_states:
             # The token layer is context-free: the same vector for both directions.
-            if keep_sentence_boundaries:
-                token_layer = torch.cat([tokens, tokens], dim=-1)
-            else:
-                token_layer = word_vectors.new_zeros(batch_size, num_words, 2 * word_vectors.shape[-1])
-                token_layer[mask] = torch.cat([word_vectors, word_vectors], dim=-1)
+            words = tokens if keep_sentence_boundaries else tokens[:, 1:-1] * mask[..., None]
+            token_layer = torch.cat([words, words], dim=-1)
             layers = [token_layer, *lstm_outputs]
         out_mask = sequence_mask if keep_sentence_boundaries else mask
 
@@ -1192,39 +833,6 @@ __all__ = ["ElmoPreTrainedModel", "ElmoModel", "ElmoModelOutput", "ElmoCharacter
 # ---------------------------------------------------------------------------------------------
 # Pretraining: ElmoForPreTraining, the forward and backward language models of bilm-tf over a word vocabulary.
 # ---------------------------------------------------------------------------------------------
-def sample_log_uniform_candidates(num_samples: int, vocab_size: int) -> tuple[torch.Tensor, int]:
-    """
-    `num_samples` distinct word ids drawn from the log-uniform (Zipfian) distribution
-    `P(k) = log((k + 2) / (k + 1)) / log(vocab_size + 1)` by rejection, as TensorFlow's `log_uniform_candidate_sampler`
-    with `unique=True` does. Returns the ids in order of first draw and the number of draws it took (which the
-    expected counts need). Uses the global CPU random generator, so checkpointed RNG state replays it.
-    """
-    log_range = math.log(vocab_size + 1)
-    draws = torch.empty(0, dtype=torch.long)
-    while True:
-        uniform = torch.rand(num_samples, dtype=torch.float64)
-        new = (torch.exp(uniform * log_range).long() - 1).clamp_(0, vocab_size - 1)
-        draws = torch.cat([draws, new])
-        unique, inverse = torch.unique(draws, return_inverse=True)
-        if unique.numel() >= num_samples:
-            break
-    positions = torch.arange(draws.numel())
-    first = torch.full((unique.numel(),), draws.numel(), dtype=torch.long).scatter_reduce(
-        0, inverse, positions, reduce="amin"
-    )
-    first = first.sort().values[:num_samples]
-    return draws[first], int(first[-1]) + 1
-
-
-def log_uniform_expected_count(ids: torch.Tensor, vocab_size: int, num_samples: int, num_tries: int) -> torch.Tensor:
-    """Expected number of times each id appears among the samples: TensorFlow's `ExpectedCountHelper`."""
-    ids = ids.to(torch.float64)
-    probability = (torch.log(ids + 2) - torch.log(ids + 1)) / math.log(vocab_size + 1)
-    if num_tries == num_samples:
-        return probability * num_samples
-    return -torch.expm1(num_tries * torch.log1p(-probability))
-
-
 @dataclass
 class ElmoForPreTrainingOutput(ModelOutput):
     r"""
@@ -1317,7 +925,9 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         backward_targets[:, 1] = self.config.bos_word_id
         return forward_targets, backward_targets
 
-    def _check_labels(self, labels: torch.Tensor, input_ids: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    def _check_labels(
+        self, labels: torch.Tensor, input_ids: torch.Tensor, words: torch.Tensor, implementation: ElmoImplementation
+    ) -> torch.Tensor:
         if labels.shape != input_ids.shape[:2]:
             raise ValueError(
                 f"labels must have shape {tuple(input_ids.shape[:2])} (batch, words): one word id per input word, "
@@ -1327,15 +937,22 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
             raise ValueError(f"labels must hold integer word ids, got dtype {labels.dtype}.")
         labels = labels.masked_fill(~words, -100)
         bad = words & (labels != -100) & ((labels < 0) | (labels >= self.config.vocab_size))
-        if bad.any():
+
+        def message() -> str:
             b, i = (int(v) for v in bad.nonzero()[0])
-            raise ValueError(
+            return (
                 f"labels[{b}, {i}] = {int(labels[b, i])} is not a word id in [0, {self.config.vocab_size}) "
                 "(config.vocab_size) nor -100 (ignored)."
             )
+
+        if implementation.checks_on_host:
+            implementation.check(~bad.any(), message)
+        else:
+            implementation.check(~bad.any(), f"labels hold word ids outside [0, {self.config.vocab_size}) and not -100.")
         return labels
 
     def _full_softmax_losses(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per-position losses (0 where the target is -100)."""
         # In row chunks so that evaluating a large vocabulary never holds (positions x vocab) scores at once.
         chunk = max(1, 2**25 // self.config.vocab_size)
         losses = [
@@ -1345,9 +962,11 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         return torch.cat(losses) if losses else hidden.new_zeros(0, dtype=torch.float32)
 
     def _sampled_softmax_losses(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per-position losses of the sampled softmax (0 where the target is -100)."""
         vocab_size, num_samples = self.config.vocab_size, self.config.num_softmax_samples
-        candidates, num_tries = sample_log_uniform_candidates(num_samples, vocab_size)
-        candidates = candidates.to(targets.device)
+        candidates, num_tries = sample_log_uniform_candidates(num_samples, vocab_size, device=targets.device)
+        keep = targets != -100
+        targets = targets.clamp(min=0)  # ignored positions compute something finite, then count for nothing
         log_q_sampled = log_uniform_expected_count(candidates, vocab_size, num_samples, num_tries).log()
         log_q_true = log_uniform_expected_count(targets, vocab_size, num_samples, num_tries).log()
         weight, bias = self.softmax.weight, self.softmax.bias
@@ -1356,7 +975,7 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         # A negative that happens to be the target would be counted against itself.
         sampled_logits = sampled_logits.float().masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
         logits = torch.cat([true_logits.float()[:, None], sampled_logits], dim=1)
-        return nn.functional.cross_entropy(logits, targets.new_zeros(targets.shape), reduction="none")
+        return nn.functional.cross_entropy(logits, targets.new_zeros(targets.shape), reduction="none") * keep
 
     @can_return_tuple
     def forward(
@@ -1390,20 +1009,23 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
             result.backward_logits = self.softmax(backward_hidden)
             return result
 
-        labels = self._check_labels(labels, input_ids, word_mask[:, 1:-1])
+        implementation = elmo_implementation_for(self.config, input_ids.device)
+        labels = self._check_labels(labels, input_ids, word_mask[:, 1:-1], implementation)
         forward_targets, backward_targets = self.lm_targets(labels, word_mask)
-        forward_keep, backward_keep = forward_targets != -100, backward_targets != -100
-        hidden = torch.cat([forward_hidden[forward_keep], backward_hidden[backward_keep]])
-        targets = torch.cat([forward_targets[forward_keep], backward_targets[backward_keep]])
+        # Every position is scored and the ignored ones masked out of the sums: static shapes, no host sync.
+        hidden = torch.cat([forward_hidden.flatten(0, 1), backward_hidden.flatten(0, 1)])
+        targets = torch.cat([forward_targets.flatten(), backward_targets.flatten()])
         if self.uses_sampled_softmax:
             losses = self._sampled_softmax_losses(hidden, targets)
         else:
             losses = self._full_softmax_losses(hidden, targets)
-        forward_losses, backward_losses = losses.split([int(forward_keep.sum()), int(backward_keep.sum())])
-        result.forward_loss = forward_losses.mean()
-        result.backward_loss = backward_losses.mean()
+        forward_losses, backward_losses = losses.view(2, -1)
+        num_predictions = (forward_targets != -100).sum()
+        # Every row predicts at least </S>, so the count is never 0.
+        result.forward_loss = forward_losses.sum() / num_predictions
+        result.backward_loss = backward_losses.sum() / (backward_targets != -100).sum()
         result.loss = (result.forward_loss + result.backward_loss) / 2
-        result.num_predictions = forward_keep.sum()
+        result.num_predictions = num_predictions
         return result
 
 

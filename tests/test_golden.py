@@ -37,13 +37,14 @@ def top_layer_diffs(model, tokenizer, elmo_fixture, carry_state: bool):
     """Max |diff| per batch of the top layer vs bilm-tf (state carried between batches when asked)."""
     diffs, state = [], None
     for words, expected in golden_batches(elmo_fixture):
-        batch = tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt")
+        batch = tokenizer(words, is_split_into_words=True, padding=True, return_tensors="pt").to(model.device)
         with torch.no_grad():
             output = model(**batch, lstm_state=state, return_lstm_state=True) if carry_state else model(**batch)
         if carry_state:
             state = output.lstm_state
         top = output.last_hidden_state
         assert batch["attention_mask"].sum(1).tolist() == [len(w) for w in words]
+        top = top.cpu()
         diffs.append(max(float(np.abs(top[k, : len(words[k])].numpy() - expected[k]).max()) for k in range(3)))
     return diffs
 
@@ -53,12 +54,31 @@ def fixture_model(elmo_fixture):
     return load_bilm_tf(str(elmo_fixture / "options.json"), str(elmo_fixture / "lm_weights.hdf5"))
 
 
-def test_token_layer_matches_bilm_tf(fixture_model, elmo_fixture):
+@pytest.fixture(
+    scope="module",
+    params=[
+        ("reference", "cpu"), ("cpu", "cpu"), ("cuda", "cpu"),
+        pytest.param(("cuda", "cuda"), marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    ],
+    ids=lambda p: f"{p[0]}-on-{p[1]}",
+)
+def golden_model(request, elmo_fixture):
+    """The fixture model under each implementation, on each device (fp32 matmuls in fp32: no TF32)."""
+    implementation, device = request.param
+    model = load_bilm_tf(str(elmo_fixture / "options.json"), str(elmo_fixture / "lm_weights.hdf5")).to(device)
+    model.set_elmo_implementation(implementation)
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield model
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
+def test_token_layer_matches_bilm_tf(golden_model, elmo_fixture):
     words = (elmo_fixture / "vocab_test.txt").read_text(encoding="utf-8").strip().split("\n")
     assert len(words) == 458 and "<S>" in words and "</S>" in words
-    batch = ElmoTokenizer()(words, is_split_into_words=True, return_tensors="pt")
+    batch = ElmoTokenizer()(words, is_split_into_words=True, return_tensors="pt").to(golden_model.device)
     with torch.no_grad():
-        layer0 = fixture_model(**batch, output_hidden_states=True).hidden_states[0][0]
+        layer0 = golden_model(**batch, output_hidden_states=True).hidden_states[0][0].cpu()
     with h5py.File(elmo_fixture / "elmo_token_embeddings.hdf5", "r") as f:
         expected = f["embedding"][...]
     assert layer0.shape == (458, 32)
@@ -67,15 +87,15 @@ def test_token_layer_matches_bilm_tf(fixture_model, elmo_fixture):
     assert np.abs(layer0[:, :16].numpy() - expected).max() <= TOLERANCE
 
 
-def test_first_batch_matches_with_zero_state(fixture_model, elmo_fixture):
-    diffs = top_layer_diffs(fixture_model, ElmoTokenizer(), elmo_fixture, carry_state=False)
+def test_first_batch_matches_with_zero_state(golden_model, elmo_fixture):
+    diffs = top_layer_diffs(golden_model, ElmoTokenizer(), elmo_fixture, carry_state=False)
     assert diffs[0] <= TOLERANCE
     # bilm-tf carried its LSTM state between batches: later batches differ without it.
     assert min(diffs[1:]) > 0.1
 
 
-def test_all_batches_match_with_state_carried(fixture_model, elmo_fixture):
-    diffs = top_layer_diffs(fixture_model, ElmoTokenizer(), elmo_fixture, carry_state=True)
+def test_all_batches_match_with_state_carried(golden_model, elmo_fixture):
+    diffs = top_layer_diffs(golden_model, ElmoTokenizer(), elmo_fixture, carry_state=True)
     assert max(diffs) <= TOLERANCE
 
 

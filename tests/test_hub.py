@@ -24,8 +24,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What `publish` uploads for a converted folder: re-saved model and tokenizer, the code for trust_remote_code,
 # the converter's record of its sources, and the generated card.
 PUBLISHED_FILES = [
-    "README.md", "bilm_tf_source.json", "config.json", "configuration_elmo.py", "model.safetensors",
-    "modeling_elmo.py", "pipeline_elmo.py", "tokenization_elmo.py", "tokenizer_config.json", "vocab.txt",
+    "README.md", "bilm_tf_source.json", "config.json", "configuration_elmo.py", "elmo_cpu.py", "elmo_cuda.py",
+    "log_uniform_sampler.py", "model.safetensors", "modeling_elmo.py", "pipeline_elmo.py", "tokenization_elmo.py",
+    "tokenizer_config.json", "vocab.txt",
 ]
 
 
@@ -129,8 +130,8 @@ def test_publish_uploads_exactly_the_prepared_folder(converted_dir, hub, tmp_pat
     assert commit_kwargs == {"commit_message": "Upload ELMo model with hf_elmo", "create_pr": True,
                              "repo_type": "model"}
     assert sorted(uploaded) == PUBLISHED_FILES
-    assert "Published 10 files to someone/elmo-fixture: https://huggingface.co/someone/elmo-fixture/discussions/1" \
-        in capsys.readouterr().out
+    published = f"Published {len(PUBLISHED_FILES)} files to someone/elmo-fixture"
+    assert f"{published}: https://huggingface.co/someone/elmo-fixture/discussions/1" in capsys.readouterr().out
 
     (tmp_path / "up").mkdir()
     for name, content in uploaded.items():

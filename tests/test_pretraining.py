@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForPreTraining, AutoTokenizer
 
 from hf_elmo import ElmoConfig, ElmoForPreTraining, ElmoModel, ElmoTokenizer
-from hf_elmo.modeling_elmo import log_uniform_expected_count, sample_log_uniform_candidates
+from hf_elmo.log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
 from hf_elmo.pretraining import latest_checkpoint
 from hf_elmo.pretraining import main as pretrain_main
 from hf_elmo.pretraining_data import (
