@@ -824,12 +824,6 @@ class ElmoForSequenceClassification(ElmoTaskPreTrainedModel):
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=layers if output_hidden_states else None)
 
 
-__all__ = ["ElmoPreTrainedModel", "ElmoModel", "ElmoModelOutput", "ElmoCharacterEncoder", "ElmoHighway",
-           "ElmoLstmLayer", "ElmoBiLstm",
-           "ElmoScalarMix", "ElmoTaskEncoder", "ElmoTaskPreTrainedModel", "ElmoForTokenClassification",
-           "ElmoForSequenceClassification"]
-
-
 # ---------------------------------------------------------------------------------------------
 # Pretraining: ElmoForPreTraining, the forward and backward language models of bilm-tf over a word vocabulary.
 # ---------------------------------------------------------------------------------------------
@@ -1029,4 +1023,21 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         return result
 
 
-__all__ += ["ElmoForPreTraining", "ElmoForPreTrainingOutput"]
+__all__ = [
+    "ELMO_IMPLEMENTATIONS",
+    "ElmoBiLstm",
+    "ElmoCharacterEncoder",
+    "ElmoForPreTraining",
+    "ElmoForPreTrainingOutput",
+    "ElmoForSequenceClassification",
+    "ElmoForTokenClassification",
+    "ElmoHighway",
+    "ElmoImplementation",
+    "ElmoLstmLayer",
+    "ElmoModel",
+    "ElmoModelOutput",
+    "ElmoPreTrainedModel",
+    "ElmoScalarMix",
+    "ElmoTaskEncoder",
+    "ElmoTaskPreTrainedModel",
+]
