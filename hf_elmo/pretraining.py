@@ -402,7 +402,7 @@ def train(args) -> dict:
         "World size %d (%s), device %s, mixed precision %s", accelerator.num_processes,
         accelerator.distributed_type.value, accelerator.device, accelerator.mixed_precision,
     )
-    if accelerator.distributed_type not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
         raise CheckpointError(
             f"{accelerator.distributed_type.value}: hf-elmo-pretrain checkpoints hold the whole model and optimizer "
             "on every process (single process or data parallel, `accelerate launch --multi_gpu`); sharded training "
@@ -707,16 +707,16 @@ def _set_rng_state(state: dict) -> None:
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
         torch.set_rng_state(torch.frombuffer(bytearray.fromhex(state["torch"]), dtype=torch.uint8))
-        if torch.cuda.is_available():
-            if "cuda" not in state:
-                raise CheckpointError("--resume: the checkpoint was written without CUDA; its CUDA generators are "
-                                      "unknown, so the run would not continue as it would have.")
+        if torch.cuda.is_available() and "cuda" in state:
             torch.cuda.set_rng_state_all(
                 [torch.frombuffer(bytearray.fromhex(s), dtype=torch.uint8) for s in state["cuda"]]
             )
+        elif torch.cuda.is_available() or "cuda" in state:
+            # Moving a run between a CPU and a GPU machine is allowed; it cannot repeat the original exactly.
+            logger.warning("--resume: the checkpoint was written %s CUDA and this run has %s: the CUDA generators "
+                           "start afresh, so the run will not repeat an uninterrupted one exactly.",
+                           "with" if "cuda" in state else "without", "it" if torch.cuda.is_available() else "none")
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
-        if isinstance(error, CheckpointError):
-            raise
         raise CheckpointError(f"--resume: the checkpoint's random generator state is not usable ({error}).") from None
 
 
