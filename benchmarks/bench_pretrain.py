@@ -20,6 +20,9 @@ one `</S>` per sentence.
   process (`workers_0`) and with `--num-workers` workers, and its ratio to `tokens_per_s`.
 - `peak_memory_mib`: peak GPU memory allocated (cuda) or the process's peak RSS (cpu, VmHWM, which includes the
   Python/torch runtime).
+
+`--pipeline-only` prints the pipeline figures without building a model, with `encode_tokens_per_s`: encoding alone
+(sentences already split) by the tokenizer row by row (the old `make_batch`) and by `BatchEncoder`.
 """
 
 import argparse
