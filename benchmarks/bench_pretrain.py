@@ -1,23 +1,37 @@
 #!/usr/bin/env python
-"""Pretraining throughput of the "small" ELMo (2x1024_128_2048cnn_1xhighway) on CPU: 1 process vs 2 processes.
+"""Pretraining throughput of ELMo on real running text, and of its data pipeline alone. Prints one JSON line.
 
-    python benchmarks/bench_pretrain.py [--steps 24] [--window 6] [--batch-size 16]
+    python benchmarks/bench_pretrain.py [--device cpu|cuda] [--config small|original] [--text FILE]
+        [--batch-size 128] [--mixed-precision bf16|no] [--steps 10] [--num-workers 2]
 
-Each setting is a real `hf-elmo-pretrain` run on real English (the Wikipedia sample of hf_elmo.testing_utils, fetched
-once with pip) with bilm-tf's recipe (sampled softmax with 8192 negatives, Adagrad, clipping), the 2-process one
-through `accelerate launch --multi_gpu` on CPU (gloo). Tokens are what the LMs predict (words + one </S> per
-sentence), summed over processes; the first logging window (warm-up) is left out. Prints one JSON line.
+The workload is the training step of `hf-elmo-pretrain` (bilm-tf's recipe: sampled softmax with 8192 log-uniform
+negatives, Adagrad lr 0.2, global-norm clipping at 10, dropout 0.1) through Accelerate, on the published shapes
+(`small` 2x1024_128_2048cnn_1xhighway, `original` 2x4096_512_2048cnn_2xhighway), with a vocabulary counted from
+the text. The text (default: the Wikipedia sample of `hf_elmo.testing_utils`, 4000 sentences, fetched once with
+pip) goes through the same stream and DataLoader workers as in training. Tokens are what the LMs predict: words +
+one `</S>` per sentence.
+
+- `tokens_per_s`: `--steps` optimizer steps after `--warmup-steps`, timed end to end (data included).
+- `split_s_per_step`: a separate profiling pass with a synchronisation at each section's edges (so its total is a
+  little slower than the timed pass): data (waiting for the next batch and copying it to the device), char CNN,
+  biLSTM and softmax (forward + backward each; the softmax part is everything after the biLSTM, loss included),
+  optimizer (clipping and the update).
+- `pipeline_tokens_per_s`: the data pipeline alone (read, split, shuffle, encode, nothing else), in the training
+  process (`workers_0`) and with `--num-workers` workers, and its ratio to `tokens_per_s`.
+- `peak_memory_mib`: peak GPU memory allocated (cuda) or the process's peak RSS (cpu, VmHWM, which includes the
+  Python/torch runtime).
+
+`--pipeline-only` prints the pipeline figures without building a model, with `encode_tokens_per_s`: encoding alone
+(sentences already split) by the tokenizer row by row (the old `make_batch`) and by `BatchEncoder`.
 """
 
 import argparse
 import json
 import os
 import platform
-import re
-import socket
-import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -25,74 +39,275 @@ import torch
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+from hf_elmo.configuration_elmo import ElmoConfig  # noqa: E402
+from hf_elmo.modeling_elmo import ElmoForPreTraining  # noqa: E402
+from hf_elmo.pretraining_data import (  # noqa: E402
+    BatchEncoder,
+    PretrainingBatches,
+    WordSplitter,
+    build_vocab,
+    count_words,
+    resolve_shards,
+    write_vocab,
+)
 from hf_elmo.testing_utils import english_text_sample  # noqa: E402
+from hf_elmo.tokenization_elmo import ElmoTokenizer  # noqa: E402
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
-def run(processes: int, args, corpus: str, workdir: str) -> dict:
-    output = os.path.join(workdir, f"run-{processes}")
-    train = [
-        "-m", "hf_elmo.pretraining", "--train-files", corpus, "--build-vocab", "--config", "small",
-        "--batch-size", str(args.batch_size), "--max-steps", str(args.steps), "--logging-steps", str(args.window),
-        "--save-steps", str(10 * args.steps), "--report-to", "none", "--output-dir", output,
-        # Random lengths in every batch, so that every window costs about the same (grouping by length makes
-        # some windows all-short and others all-long).
-        "--no-group-by-length",
-    ]
-    # Both settings use all the cores: one process with every core as a thread, or one thread per process.
-    threads = max(1, os.cpu_count() // processes)
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "TQDM_DISABLE": "1", "HF_HUB_OFFLINE": "1",
-           "OMP_NUM_THREADS": str(threads)}
-    if processes == 1:
-        command = [sys.executable, *train]
-    else:
-        env.update(ACCELERATE_USE_CPU="1")
-        command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu",
-                   "--num_processes", str(processes), "--num_machines", "1", "--main_process_port", str(free_port()),
-                   "--dynamo_backend", "no", "--mixed_precision", "no", *train]
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    log = result.stdout + result.stderr
-    if result.returncode != 0:
-        raise SystemExit(f"{processes}-process run failed:\n{log[-4000:]}")
-    world = re.search(r"World size (\d+)", log)
-    rates = [float(r) for r in re.findall(r"step \d+: loss .* ([\d.]+) tokens/s", log)]
-    if int(world.group(1)) != processes or len(rates) < 2:
-        raise SystemExit(f"unexpected log of the {processes}-process run:\n{log[-4000:]}")
-    measured = rates[1:]  # the first window includes start-up
-    return {"threads_per_process": threads, "tokens_per_second": round(sum(measured) / len(measured), 1),
-            "windows": [round(r, 1) for r in measured]}
+def peak_rss_mib() -> float | None:
+    try:
+        with open("/proc/self/status", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def loader(settings: dict, encoder: BatchEncoder, num_workers: int, pin: bool):
+    return torch.utils.data.DataLoader(
+        PretrainingBatches(settings, encoder), batch_size=None, num_workers=num_workers,
+        prefetch_factor=4 if num_workers else None, pin_memory=pin, generator=torch.Generator(),
+    )
+
+
+def pipeline_rate(settings: dict, encoder: BatchEncoder, num_workers: int, epochs: int) -> float:
+    """Tokens per second the pipeline delivers over whole epochs of the text, worker start-up included."""
+    start, tokens = time.perf_counter(), 0
+    iterator = iter(loader(settings, encoder, num_workers, pin=False))
+    while True:
+        batch = next(iterator)
+        if "error" in batch:
+            raise SystemExit(batch["error"])
+        if batch["stream_position"]["window_start"]["epoch"] >= epochs:
+            break
+        tokens += batch["num_tokens"]
+    elapsed = time.perf_counter() - start
+    del iterator
+    return tokens / elapsed
+
+
+def encode_rates(tokenizer, encoder: BatchEncoder, settings: dict, batches: int = 20) -> dict:
+    """Encoding alone (sentences already split): the tokenizer, row by row (what make_batch did), vs BatchEncoder."""
+    from hf_elmo.pretraining_data import SentenceBatchStream
+
+    stream = SentenceBatchStream(**settings)
+    sentences = [stream.next_batch() for _ in range(batches)]
+    tokens = sum(len(s) + 1 for batch in sentences for s in batch)
+
+    def by_tokenizer(batch):
+        encoded = tokenizer(batch, is_split_into_words=True, padding=True, return_tensors="pt")
+        labels = torch.full(encoded["attention_mask"].shape, -100, dtype=torch.long)
+        for row, words in enumerate(batch):
+            labels[row, : len(words)] = torch.tensor(tokenizer.words_to_indices(words), dtype=torch.long)
+
+    rates = {}
+    for name, encode in (("tokenizer", by_tokenizer), ("batch_encoder", encoder)):
+        start = time.perf_counter()
+        for batch in sentences:
+            encode(batch)
+        rates[name] = round(tokens / (time.perf_counter() - start))
+    return rates
+
+
+class Sections:
+    """Wall-clock time of the char CNN, biLSTM and softmax, forward and backward, by hooks on the modules."""
+
+    def __init__(self, model, sync):
+        self.sync, self.marks = sync, {}
+        elmo = model.elmo
+        elmo.char_encoder.register_forward_pre_hook(lambda module, args: self.mark("cnn_start"))
+        elmo.char_encoder.register_forward_hook(self._after_char_encoder)
+        elmo.bilstm.register_forward_pre_hook(self._before_bilstm)
+        elmo.bilstm.register_forward_hook(self._after_bilstm)
+
+    def mark(self, name):
+        self.sync()
+        self.marks[name] = time.perf_counter()
+
+    @staticmethod
+    def _first_grad_tensor(value):
+        if isinstance(value, torch.Tensor):
+            return value if value.requires_grad else None
+        if isinstance(value, (tuple, list)):
+            for item in value:
+                found = Sections._first_grad_tensor(item)
+                if found is not None:
+                    return found
+        if hasattr(value, "values"):
+            return Sections._first_grad_tensor(list(value.values()))
+        return None
+
+    def _hook_backward(self, value, name):
+        # A gradient hook on a tensor marks when the backward pass reaches it; it changes nothing in the graph.
+        tensor = self._first_grad_tensor(value)
+        if tensor is not None:
+            tensor.register_hook(lambda grad: self.mark(name))
+
+    def _after_char_encoder(self, module, args, output):
+        self.mark("cnn_end")
+        self._hook_backward(output, "cnn_backward_start")
+
+    def _before_bilstm(self, module, args):
+        self.mark("bilstm_start")
+        self._hook_backward(args, "bilstm_backward_end")
+
+    def _after_bilstm(self, module, args, output):
+        self.mark("bilstm_end")
+        self._hook_backward(output, "bilstm_backward_start")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=24, help="optimizer steps per run (default: %(default)s)")
-    parser.add_argument("--window", type=int, default=6, help="steps per throughput window (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=16, help="sentences per process per step")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--config", choices=("small", "original"), default="small")
+    parser.add_argument("--text", default=None, help="one sentence per line (default: the testing_utils sample)")
+    parser.add_argument("--batch-size", type=int, default=128, help="sentences per step (default: %(default)s)")
+    parser.add_argument("--mixed-precision", choices=("bf16", "no"), default="no")
+    parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps (default: %(default)s)")
+    parser.add_argument("--warmup-steps", type=int, default=2)
+    parser.add_argument("--profile-steps", type=int, default=3, help="steps of the profiling pass")
+    parser.add_argument("--num-workers", type=int, default=2, help="DataLoader workers (default: %(default)s)")
+    parser.add_argument("--pipeline-epochs", type=int, default=3,
+                        help="epochs of the text read by the pipeline-only measure (default: %(default)s)")
+    parser.add_argument("--pipeline-only", action="store_true", help="measure the data pipeline alone, no model")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads on cpu (default: torch's)")
     args = parser.parse_args()
-    corpus = str(english_text_sample())
-    load_before = os.getloadavg()[0]  # other work on the machine skews CPU timings; say how busy it was
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is available")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from accelerate import Accelerator
+
+    text = args.text or str(english_text_sample())
+    splitter = WordSplitter("ptb")
+    files = resolve_shards([text], what="--text", split_words=splitter)
     with tempfile.TemporaryDirectory() as workdir:
-        results = {str(n): run(n, args, corpus, workdir) for n in (1, 2)}
-        vocab_size = sum(1 for _ in open(os.path.join(workdir, "run-1", "vocab.txt"), encoding="utf-8"))
+        vocab_file = write_vocab(build_vocab(count_words(files, splitter)), os.path.join(workdir, "vocab.txt"))
+        tokenizer = ElmoTokenizer(vocab_file=vocab_file)
+    encoder = BatchEncoder.from_tokenizer(tokenizer)
+    settings = dict(files=files, split_words=splitter, batch_size=args.batch_size, seed=0, shuffle_window=100_000,
+                    max_words=100)
+
+    pipeline = {"workers_0": pipeline_rate(settings, encoder, 0, args.pipeline_epochs)}
+    if args.num_workers:
+        pipeline[f"workers_{args.num_workers}"] = pipeline_rate(settings, encoder, args.num_workers,
+                                                               args.pipeline_epochs)
+    common = {
+        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__, "text": os.path.basename(text),
+        "vocab_size": tokenizer.word_vocab_size, "batch_size": args.batch_size, "num_workers": args.num_workers,
+        "pipeline_tokens_per_s": {k: round(v) for k, v in pipeline.items()},
+    }
+    if args.pipeline_only:
+        print(json.dumps({
+            "benchmark": "pretrain_pipeline", **common,
+            "encode_tokens_per_s": encode_rates(tokenizer, encoder, settings),
+            "load_average_1min": round(os.getloadavg()[0], 2),
+        }))
+        return
+
+    accelerator = Accelerator(mixed_precision=args.mixed_precision, cpu=args.device == "cpu")
+    device = accelerator.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    torch.manual_seed(0)
+    config = ElmoConfig.from_preset(
+        args.config, vocab_size=tokenizer.word_vocab_size, bos_word_id=tokenizer.bos_word_index,
+        eos_word_id=tokenizer.eos_word_index, num_softmax_samples=8192, lm_dropout=0.1,
+    )
+    model = ElmoForPreTraining(config)
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.2, initial_accumulator_value=1.0)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model.train()
+    batches = iter(loader(settings, encoder, args.num_workers, pin=device.type == "cuda"))
+
+    def next_batch():
+        item = next(batches)
+        if "error" in item:
+            raise SystemExit(item["error"])
+        del item["stream_position"]
+        tokens = item.pop("num_tokens")
+        return {k: v.to(device, non_blocking=True) for k, v in item.items()}, tokens
+
+    def step(batch):
+        outputs = model(**batch)
+        accelerator.backward(outputs.loss)
+        accelerator.clip_grad_norm_(model.parameters(), 10.0)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for _ in range(args.warmup_steps):
+        step(next_batch()[0])
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    start, tokens = time.perf_counter(), 0
+    for _ in range(args.steps):
+        batch, count = next_batch()
+        step(batch)
+        tokens += count
+    sync()
+    elapsed = time.perf_counter() - start
+    tokens_per_s = tokens / elapsed
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mib()
+
+    # Profiling pass: the same steps with a synchronisation at every section edge.
+    sections = Sections(accelerator.unwrap_model(model), sync)
+    split = dict.fromkeys(("data", "char_cnn", "bilstm", "softmax", "optimizer"), 0.0)
+    for _ in range(args.profile_steps):
+        sync()
+        t0 = time.perf_counter()
+        batch, _ = next_batch()
+        sync()
+        t1 = time.perf_counter()
+        outputs = model(**batch)
+        sync()
+        t2 = time.perf_counter()
+        accelerator.backward(outputs.loss)
+        sync()
+        t3 = time.perf_counter()
+        accelerator.clip_grad_norm_(model.parameters(), 10.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        sync()
+        t4 = time.perf_counter()
+        m = sections.marks
+        split["data"] += t1 - t0
+        split["char_cnn"] += (m["cnn_end"] - m["cnn_start"]) + (t3 - m.get("cnn_backward_start", t3))
+        split["bilstm"] += (m["bilstm_end"] - m["bilstm_start"]) + (
+            m.get("bilstm_backward_end", t3) - m.get("bilstm_backward_start", t3))
+        split["softmax"] += (t2 - m["bilstm_end"]) + (m.get("bilstm_backward_start", t3) - t2)
+        split["optimizer"] += t4 - t3
+    del batches
+
     print(json.dumps({
         "benchmark": "pretrain",
-        "config": "small",
-        "device": "cpu",
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "platform": platform.machine(),
-        "vocab_size": vocab_size,
+        "config": args.config,
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
+        "torch_threads": torch.get_num_threads(),
+        "mixed_precision": args.mixed_precision,
         "softmax_negatives": 8192,
-        "batch_size_per_process": args.batch_size,
         "steps": args.steps,
-        "processes": results,
-        "speedup_2_vs_1": round(results["2"]["tokens_per_second"] / results["1"]["tokens_per_second"], 3),
-        "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+        **common,
+        "tokens_per_s": round(tokens_per_s, 1),
+        "tokens_per_step": round(tokens / args.steps, 1),
+        "peak_memory_mib": None if peak is None else round(peak, 1),
+        "peak_memory_kind": "cuda_max_allocated" if device.type == "cuda" else "rss_vmhwm",
+        "split_s_per_step": {k: round(v / args.profile_steps, 4) for k, v in split.items()},
+        "pipeline_vs_training": round(max(pipeline.values()) / tokens_per_s, 1),
+        "load_average_1min": round(os.getloadavg()[0], 2),
     }))
 
 

@@ -26,11 +26,15 @@ import json
 import logging
 import math
 import os
+import pickle
+import random
 import re
 import shutil
 import sys
+import tempfile
 import time
 
+import numpy as np
 import torch
 
 
@@ -38,6 +42,16 @@ import torch
 logger = logging.getLogger("hf_elmo.pretraining")
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+# A checkpoint folder holds only data: the model as a Hugging Face folder (config.json, model.safetensors), the
+# optimizer state as tensors and plain values (read back with `torch.load(weights_only=True)`), and JSON files
+# for the rest. Nothing in it is ever unpickled, since checkpoints travel between machines and people.
+OPTIMIZER_FILE = "optimizer.bin"
+TRAINING_STATE_FILE = "training_state.json"
+RNG_STATE_FILE = "rng_state_{rank}.json"
+CHECKPOINT_FORMAT = "hf_elmo.pretraining checkpoint"
+CHECKPOINT_VERSION = 1
+# Written by Transformers or the run itself, not a property of the model.
+CONFIG_KEYS_NOT_COMPARED = {"transformers_version", "_name_or_path", "architectures", "auto_map", "dtype", "torch_dtype"}
 DEFAULT_LEARNING_RATES = {"adagrad": 0.2, "adamw": 1e-3}
 # Transformers' schedules that need nothing but the warm-up and total steps.
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "polynomial", "inverse_sqrt")
@@ -45,6 +59,10 @@ LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "polyno
 
 class TrainingDiverged(RuntimeError):
     """The loss or its gradient stopped being finite."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed by this run, with the reason."""
 
 
 @dataclasses.dataclass
@@ -88,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--no-group-by-length", action="store_true",
                       help="do not batch sentences of similar length together inside a shuffle window (grouping "
                       "saves padding; batches are still shuffled).")
+    data.add_argument("--num-workers", type=int, default=2,
+                      help="DataLoader worker processes per training process that read the corpus and build the "
+                      "batches while the model trains; 0 = build them in the training process. The batches are "
+                      "the same whatever the number (default: %(default)s).")
 
     vocab = parser.add_argument_group("word vocabulary (the softmax targets)")
     vocab.add_argument("--vocab", default=None,
@@ -167,8 +189,8 @@ def check_args(args, parser) -> None:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.vocab and args.build_vocab:
         parser.error("--vocab and --build-vocab are exclusive: use a vocabulary file, or build one")
-    if args.num_softmax_samples < 0 or args.warmup_steps < 0 or args.max_grad_norm < 0:
-        parser.error("--num-softmax-samples, --warmup-steps and --max-grad-norm must be >= 0")
+    if args.num_softmax_samples < 0 or args.warmup_steps < 0 or args.max_grad_norm < 0 or args.num_workers < 0:
+        parser.error("--num-softmax-samples, --warmup-steps, --max-grad-norm and --num-workers must be >= 0")
     if not 0 <= args.dropout < 1:
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.learning_rate is None:
@@ -192,7 +214,7 @@ def main(argv=None) -> int:
 
     try:
         train(args)
-    except (CorpusError, BilmTfFormatError, FileNotFoundError, FileExistsError, TrainingDiverged) as error:
+    except (CorpusError, BilmTfFormatError, FileNotFoundError, FileExistsError, TrainingDiverged, CheckpointError) as error:
         logger.error("%s", error)
         return 1
     return 0
@@ -230,6 +252,16 @@ def resolve_vocab(args, accelerator, split_words, files) -> str:
 
     kept = os.path.join(args.output_dir, "vocab.txt")
     if args.resume and os.path.isfile(kept) and latest_checkpoint(args.output_dir):
+        if args.vocab:
+            from .tokenization_elmo import ElmoTokenizer
+
+            if not os.path.isfile(args.vocab):
+                raise FileNotFoundError(f"--vocab: {args.vocab} does not exist.")
+            if ElmoTokenizer(vocab_file=args.vocab).word_vocab != ElmoTokenizer(vocab_file=kept).word_vocab:
+                raise CheckpointError(
+                    f"--resume: --vocab {args.vocab} is not the vocabulary of the run being resumed ({kept}); the "
+                    "softmax rows would mean other words. Pass the original --vocab (or none)."
+                )
         return kept
     if args.vocab:
         if not os.path.isfile(args.vocab):
@@ -324,6 +356,9 @@ def prepare_output_dir(args, accelerator) -> str | None:
         logger.warning("--resume: no checkpoint in %s yet, starting from step 0", args.output_dir)
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
+        for name in os.listdir(args.output_dir):  # left by a run killed while saving its final model
+            if name.startswith(FINAL_STAGING_PREFIX) and name.endswith(".partial"):
+                shutil.rmtree(os.path.join(args.output_dir, name), ignore_errors=True)
     accelerator.wait_for_everyone()
     return checkpoint
 
@@ -338,10 +373,18 @@ def tracker_config(args, accelerator) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 def train(args) -> dict:
     from accelerate import Accelerator
-    from accelerate.utils import ProjectConfiguration, gather_object, set_seed
+    from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed
     from tqdm.auto import tqdm
 
-    from .pretraining_data import CorpusError, SentenceBatchStream, read_eval_sentences, resolve_shards
+    from .pretraining_data import (
+        BatchEncoder,
+        CorpusError,
+        PretrainingBatches,
+        SentenceBatchStream,
+        WordSplitter,
+        read_eval_sentences,
+        resolve_shards,
+    )
     from .tokenization_elmo import ElmoTokenizer
 
     accelerator = Accelerator(
@@ -359,12 +402,17 @@ def train(args) -> dict:
         "World size %d (%s), device %s, mixed precision %s", accelerator.num_processes,
         accelerator.distributed_type.value, accelerator.device, accelerator.mixed_precision,
     )
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
+        raise CheckpointError(
+            f"{accelerator.distributed_type.value}: hf-elmo-pretrain checkpoints hold the whole model and optimizer "
+            "on every process (single process or data parallel, `accelerate launch --multi_gpu`); sharded training "
+            "(FSDP, DeepSpeed) is not supported."
+        )
     resume_from = prepare_output_dir(args, accelerator)
     set_seed(args.seed, device_specific=True)
 
-    files = resolve_shards(args.train_files)
-    splitter = ElmoTokenizer(pre_tokenizer=args.pre_tokenizer)
-    split_words = splitter.tokenize
+    split_words = WordSplitter(args.pre_tokenizer)
+    files = resolve_shards(args.train_files, split_words=split_words)
     vocab_file = resolve_vocab(args, accelerator, split_words, files)
     base, encoder = load_encoder(args)
     tokenizer = ElmoTokenizer(
@@ -379,12 +427,11 @@ def train(args) -> dict:
         model.num_parameters(), model.config.vocab_size,
         f"sampled ({model.config.num_softmax_samples} negatives)" if sampled else "full", len(files),
     )
+    batch_encoder = BatchEncoder.from_tokenizer(tokenizer)
 
     eval_batches = []
     if args.eval_file:
-        from .pretraining_data import make_batch
-
-        eval_files = resolve_shards(args.eval_file, what="--eval-file")
+        eval_files = resolve_shards(args.eval_file, what="--eval-file", split_words=split_words)
         if len(eval_files) != 1:
             raise CorpusError(f"--eval-file must name one file; {args.eval_file!r} matches {len(eval_files)}.")
         eval_sentences, empty = read_eval_sentences(
@@ -394,22 +441,30 @@ def train(args) -> dict:
             logger.info("--eval-file: skipped %d empty line(s)", empty)
         eval_sentences.sort(key=len)
         chunks = [eval_sentences[i : i + args.eval_batch_size] for i in range(0, len(eval_sentences), args.eval_batch_size)]
-        eval_batches = [make_batch(tokenizer, chunk) for chunk in chunks[accelerator.process_index :: accelerator.num_processes]]
+        for chunk in chunks[accelerator.process_index :: accelerator.num_processes]:
+            batch = batch_encoder(chunk)
+            del batch["num_tokens"]
+            eval_batches.append(batch)
 
-    stream = SentenceBatchStream(
-        files, split_words, args.batch_size, args.seed, rank=accelerator.process_index,
-        world_size=accelerator.num_processes, shuffle_window=args.shuffle_window, max_words=args.max_sentence_words,
-        group_by_length=not args.no_group_by_length,
+    stream_settings = dict(
+        files=files, split_words=split_words, batch_size=args.batch_size, seed=args.seed,
+        rank=accelerator.process_index, world_size=accelerator.num_processes, shuffle_window=args.shuffle_window,
+        max_words=args.max_sentence_words, group_by_length=not args.no_group_by_length,
     )
+    # This one reads nothing: it holds the position of the batches the model has used (the DataLoader reads ahead).
+    stream = SentenceBatchStream(**stream_settings)
     optimizer, scheduler = build_optimizer(args, model)
-    model, optimizer = accelerator.prepare(model, optimizer)
     progress = TrainingProgress()
-    # The learning-rate schedule is stepped by hand once per optimizer step (Accelerate would step it once per
-    # process), so it is checkpointed as a plain object.
-    for state_object in (stream, scheduler, progress):
-        accelerator.register_for_checkpointing(state_object)
+    vocab_digest = _word_list_digest(tokenizer.word_vocab)
+    checkpoint_state = None
     if resume_from:
-        accelerator.load_state(resume_from)
+        checkpoint_state = _read_checkpoint(resume_from, args, model, vocab_digest)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if resume_from:
+        _load_optimizer(optimizer, resume_from)
+        scheduler.load_state_dict(checkpoint_state["scheduler"])
+        progress.load_state_dict(checkpoint_state["progress"])
+        stream.load_state_dict(checkpoint_state["stream"])
         logger.info("Resumed from %s: step %d, epoch %d", resume_from, progress.step, stream.epoch)
         _apply_new_learning_rate(scheduler, args.learning_rate)
     elif main_process:
@@ -427,7 +482,13 @@ def train(args) -> dict:
         return scores
 
     def save_checkpoint() -> str:
-        path = _save_checkpoint(accelerator, args.output_dir, progress.step, args.save_total_limit)
+        training_state = {
+            "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "progress": progress.state_dict(),
+            "stream": stream.state_dict(), "scheduler": scheduler.state_dict(), "optimizer": args.optimizer,
+            "vocab_sha256": vocab_digest, "num_processes": accelerator.num_processes,
+        }
+        path = _save_checkpoint(accelerator, model, optimizer, args.output_dir, progress.step, args.save_total_limit,
+                                training_state)
         logger.info("Saved checkpoint %s", path)
         return path
 
@@ -437,81 +498,113 @@ def train(args) -> dict:
     if evaluating and progress.step == 0:
         scores = evaluate()
 
+    # The batches are built in worker processes, ahead of the model. The loader gets a generator of its own:
+    # starting it would otherwise draw from the global generator, and a resumed run would draw different negatives.
+    loader = torch.utils.data.DataLoader(
+        PretrainingBatches(stream_settings, batch_encoder, start=stream.state_dict()), batch_size=None,
+        num_workers=args.num_workers, prefetch_factor=4 if args.num_workers else None,
+        pin_memory=accelerator.device.type == "cuda", generator=torch.Generator(),
+    )
+    batches = iter(loader)
+    if checkpoint_state is not None:
+        # Last, so that nothing between loading and the first batch draws from the restored generators.
+        _set_rng_state(_read_json(os.path.join(resume_from, RNG_STATE_FILE.format(rank=accelerator.process_index))))
+
+    def next_batch() -> tuple[dict, int]:
+        item = next(batches)
+        if "error" in item:
+            raise CorpusError(item["error"])
+        stream.set_position(item.pop("stream_position"))
+        tokens = item.pop("num_tokens")
+        return {key: value.to(accelerator.device, non_blocking=True) for key, value in item.items()}, tokens
+
     # Shown by the main process on a terminal (None: tqdm hides it when the output is not a TTY, or TQDM_DISABLE=1).
     bar = tqdm(
         total=args.max_steps, initial=progress.step, desc="pretraining", unit="step",
         disable=None if main_process else True,
     )
     model.train()
-    window = torch.zeros(5, dtype=torch.float64)  # loss, forward, backward, micro-batches, tokens
+    # Losses stay on the device until a logging step: reading them every micro-batch would stall the device.
+    window = torch.zeros(3, dtype=torch.float64, device=accelerator.device)  # loss, forward, backward
+    window_batches, window_tokens = 0, 0
     window_start, last_epoch = time.perf_counter(), stream.epoch
-    while progress.step < args.max_steps:
-        micro_losses = []
-        for _ in range(args.gradient_accumulation_steps):
-            batch = _make_device_batch(tokenizer, stream.next_batch(), accelerator.device)
-            with accelerator.accumulate(model):
-                outputs = model(**batch)
-                accelerator.backward(outputs.loss)
-            tokens = int(batch["attention_mask"].sum()) + batch["attention_mask"].shape[0]
-            losses = torch.stack([outputs.loss, outputs.forward_loss, outputs.backward_loss]).detach().double().cpu()
-            micro_losses.append(float(losses[0]))
-            window += torch.cat([losses, torch.tensor([1.0, tokens], dtype=torch.float64)])
-        assert accelerator.sync_gradients, "gradient accumulation went out of step"
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or float("inf"))
-        if not math.isfinite(float(grad_norm)):
-            path = save_checkpoint()
-            raise TrainingDiverged(
-                f"step {progress.step + 1}: the gradient norm is {float(grad_norm)} (this process's micro-batch losses: "
-                f"{micro_losses}); training stopped. {path} holds the model and optimizer from before this step, with "
-                "the data position after the offending batch(es): --resume continues past them (with a new "
-                "--learning-rate if given). If the weights had already gone bad, resume from an earlier checkpoint "
-                "(remove the later ones). Also try a lower --max-grad-norm, or --mixed-precision no."
-            )
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-        progress.step += 1
-        bar.update(1)
+    try:
+        while progress.step < args.max_steps:
+            micro_losses = []
+            for _ in range(args.gradient_accumulation_steps):
+                batch, tokens = next_batch()
+                with accelerator.accumulate(model):
+                    outputs = model(**batch)
+                    accelerator.backward(outputs.loss)
+                losses = torch.stack([outputs.loss, outputs.forward_loss, outputs.backward_loss]).detach().double()
+                window += losses
+                micro_losses.append(losses[0])
+                window_batches, window_tokens = window_batches + 1, window_tokens + tokens
+            assert accelerator.sync_gradients, "gradient accumulation went out of step"
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or float("inf"))
+            # One read per optimizer step (not per micro-batch): a non-finite update must be stopped before it is
+            # applied, so that the checkpoint below holds the weights from before it (GradScaler reads too).
+            grad_norm = float(grad_norm)
+            if not math.isfinite(grad_norm):
+                path = save_checkpoint()
+                raise TrainingDiverged(
+                    f"step {progress.step + 1}: the gradient norm is {grad_norm} (this process's micro-batch "
+                    f"losses: {torch.stack(micro_losses).tolist()}); training stopped. {path} holds the model and "
+                    "optimizer from before this step, with the data position after the offending batch(es): "
+                    "--resume continues past them (with a new --learning-rate if given). If the weights had already "
+                    "gone bad, resume from an earlier checkpoint (remove the later ones). Also try a lower "
+                    "--max-grad-norm, or --mixed-precision no."
+                )
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            progress.step += 1
+            bar.update(1)
 
-        if progress.step % args.logging_steps == 0 or progress.step % args.save_steps == 0 or (
-            progress.step == args.max_steps
-        ):
-            totals = accelerator.reduce(window.to(accelerator.device), reduction="sum").cpu()
-            elapsed = time.perf_counter() - window_start
-            progress.tokens += int(totals[4])
-            n = float(totals[3])
-            metrics = {
-                "train/loss": float(totals[0]) / n,
-                "train/forward_loss": float(totals[1]) / n,
-                "train/backward_loss": float(totals[2]) / n,
-                "train/learning_rate": scheduler.get_last_lr()[0],
-                "train/grad_norm": float(grad_norm),
-                "train/tokens_per_second": float(totals[4]) / elapsed,
-                "train/tokens_seen": progress.tokens,
-                "data/epoch": stream.epoch,
-                "data/empty_lines_skipped": stream.stats.empty_lines_skipped,
-                "data/long_lines_split": stream.stats.long_lines_split,
-            }
-            accelerator.log(metrics, step=progress.step)
-            bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", tok_s=f"{metrics['train/tokens_per_second']:.0f}")
-            logger.info(
-                "step %d: loss %.4f (forward %.4f, backward %.4f), lr %.3g, grad norm %.3g, %.0f tokens/s",
-                progress.step, metrics["train/loss"], metrics["train/forward_loss"], metrics["train/backward_loss"],
-                metrics["train/learning_rate"], metrics["train/grad_norm"], metrics["train/tokens_per_second"],
-            )
-            window.zero_()
-            window_start = time.perf_counter()
-        if stream.epoch != last_epoch:
-            logger.info(
-                "Finished epoch %d: %d sentences so far; skipped %d empty line(s), cut %d line(s) longer than %d "
-                "words", last_epoch, stream.stats.sentences, stream.stats.empty_lines_skipped,
-                stream.stats.long_lines_split, args.max_sentence_words,
-            )
-            last_epoch = stream.epoch
-        if evaluating and (progress.step % args.eval_steps == 0 or progress.step == args.max_steps):
-            scores = evaluate()
-        if progress.step % args.save_steps == 0 or progress.step == args.max_steps:
-            save_checkpoint()  # also at the end, so that a finished run can be extended with --resume
+            if progress.step % args.logging_steps == 0 or progress.step % args.save_steps == 0 or (
+                progress.step == args.max_steps
+            ):
+                counts = torch.tensor([window_batches, window_tokens], dtype=torch.float64, device=accelerator.device)
+                totals = accelerator.reduce(torch.cat([window, counts]), reduction="sum").cpu()
+                elapsed = time.perf_counter() - window_start
+                progress.tokens += int(totals[4])
+                n = float(totals[3])
+                metrics = {
+                    "train/loss": float(totals[0]) / n,
+                    "train/forward_loss": float(totals[1]) / n,
+                    "train/backward_loss": float(totals[2]) / n,
+                    "train/learning_rate": scheduler.get_last_lr()[0],
+                    "train/grad_norm": grad_norm,
+                    "train/tokens_per_second": float(totals[4]) / elapsed,
+                    "train/tokens_seen": progress.tokens,
+                    "data/epoch": stream.epoch,
+                    "data/empty_lines_skipped": stream.stats.empty_lines_skipped,
+                    "data/long_lines_split": stream.stats.long_lines_split,
+                }
+                accelerator.log(metrics, step=progress.step)
+                bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", tok_s=f"{metrics['train/tokens_per_second']:.0f}")
+                logger.info(
+                    "step %d: loss %.4f (forward %.4f, backward %.4f), lr %.3g, grad norm %.3g, %.0f tokens/s",
+                    progress.step, metrics["train/loss"], metrics["train/forward_loss"],
+                    metrics["train/backward_loss"], metrics["train/learning_rate"], metrics["train/grad_norm"],
+                    metrics["train/tokens_per_second"],
+                )
+                window.zero_()
+                window_batches, window_tokens = 0, 0
+                window_start = time.perf_counter()
+            if stream.epoch != last_epoch:
+                logger.info(
+                    "Finished epoch %d: %d sentences so far; skipped %d empty line(s), cut %d line(s) longer than %d "
+                    "words", last_epoch, stream.stats.sentences, stream.stats.empty_lines_skipped,
+                    stream.stats.long_lines_split, args.max_sentence_words,
+                )
+                last_epoch = stream.epoch
+            if evaluating and (progress.step % args.eval_steps == 0 or progress.step == args.max_steps):
+                scores = evaluate()
+            if progress.step % args.save_steps == 0 or progress.step == args.max_steps:
+                save_checkpoint()  # also at the end, so that a finished run can be extended with --resume
+    finally:
+        del batches  # stops the workers
     bar.close()
 
     if evaluating and not scores:
@@ -520,10 +613,8 @@ def train(args) -> dict:
     unwrapped = accelerator.unwrap_model(model)
     state_dict = accelerator.get_state_dict(model)
     if main_process:
-        unwrapped.save_pretrained(args.output_dir, state_dict=state_dict, save_function=accelerator.save)
-        tokenizer.save_pretrained(args.output_dir)
-        with open(os.path.join(args.output_dir, "eval_results.json"), "w", encoding="utf-8") as f:
-            json.dump({"step": progress.step, "tokens_seen": progress.tokens, **scores}, f, indent=2)
+        _save_final(args.output_dir, unwrapped, state_dict, tokenizer,
+                    {"step": progress.step, "tokens_seen": progress.tokens, **scores})
         logger.info("Saved the final model to %s", args.output_dir)
     accelerator.wait_for_everyone()
     accelerator.end_training()
@@ -541,12 +632,6 @@ def _apply_new_learning_rate(scheduler, learning_rate: float) -> None:
         group["initial_lr"] = learning_rate
         group["lr"] = learning_rate * factor(scheduler.last_epoch)
     scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
-
-
-def _make_device_batch(tokenizer, sentences, device) -> dict:
-    from .pretraining_data import make_batch
-
-    return {key: value.to(device) for key, value in make_batch(tokenizer, sentences).items()}
 
 
 def _evaluate(accelerator, model, eval_batches) -> dict:
@@ -571,14 +656,163 @@ def _evaluate(accelerator, model, eval_batches) -> dict:
     }
 
 
-def _save_checkpoint(accelerator, output_dir: str, step: int, keep: int) -> str:
-    """`accelerator.save_state` into a staging folder renamed into place, so a killed save never looks complete."""
+# ---------------------------------------------------------------------------------------------------------------
+# Checkpoints: data only (safetensors, weights-only tensors, JSON); every file written whole or not at all
+# ---------------------------------------------------------------------------------------------------------------
+def _write_json_atomic(path: str, data) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, staging = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + "-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=1)
+        os.replace(staging, path)
+    except BaseException:
+        if os.path.exists(staging):
+            os.remove(staging)
+        raise
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise CheckpointError(f"--resume: {path} is missing; the checkpoint is incomplete.") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"--resume: {path} is not valid JSON ({error}).") from None
+
+
+def _word_list_digest(words: list[str]) -> str:
+    return hashlib.sha256("\n".join(words).encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def _rng_state() -> dict:
+    """Every generator the training step may draw from, as JSON."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state().numpy().tobytes().hex(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = [s.numpy().tobytes().hex() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    try:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+        torch.set_rng_state(torch.frombuffer(bytearray.fromhex(state["torch"]), dtype=torch.uint8))
+        if torch.cuda.is_available() and "cuda" in state:
+            torch.cuda.set_rng_state_all(
+                [torch.frombuffer(bytearray.fromhex(s), dtype=torch.uint8) for s in state["cuda"]]
+            )
+        elif torch.cuda.is_available() or "cuda" in state:
+            # Moving a run between a CPU and a GPU machine is allowed; it cannot repeat the original exactly.
+            logger.warning("--resume: the checkpoint was written %s CUDA and this run has %s: the CUDA generators "
+                           "start afresh, so the run will not repeat an uninterrupted one exactly.",
+                           "with" if "cuda" in state else "without", "it" if torch.cuda.is_available() else "none")
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"--resume: the checkpoint's random generator state is not usable ({error}).") from None
+
+
+def _read_checkpoint(checkpoint: str, args, model, vocab_digest: str) -> dict:
+    """The checkpoint's training state, after checking that this run builds the same model; loads its weights."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from .configuration_elmo import ElmoConfig
+
+    state_file = os.path.join(checkpoint, TRAINING_STATE_FILE)
+    if not os.path.exists(state_file) and any(name.endswith(".pkl") for name in os.listdir(checkpoint)):
+        raise CheckpointError(
+            f"--resume: {checkpoint} was written by an earlier hf_elmo (Accelerate's pickle files, no "
+            f"{TRAINING_STATE_FILE}); it is not loaded, since unpickling a file runs code from it. Start afresh in "
+            "another --output-dir, or resume with the hf_elmo version that wrote it."
+        )
+    state = _read_json(state_file)
+    if state.get("format") != CHECKPOINT_FORMAT or state.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(f"--resume: {state_file} is not a version {CHECKPOINT_VERSION} {CHECKPOINT_FORMAT}.")
+
+    def comparable(config) -> dict:
+        items = json.loads(config.to_json_string(use_diff=False))
+        return {k: v for k, v in items.items() if k not in CONFIG_KEYS_NOT_COMPARED and not k.startswith("_")}
+
+    try:
+        saved = comparable(ElmoConfig.from_json_file(os.path.join(checkpoint, "config.json")))
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"--resume: {checkpoint}/config.json cannot be read ({error}).") from None
+    current = comparable(model.config)
+    changed = [key for key in sorted(set(saved) | set(current)) if saved.get(key) != current.get(key)]
+    if changed:
+        raise CheckpointError(
+            f"--resume: {checkpoint} holds a model with "
+            + ", ".join(f"{key}={saved.get(key)!r}" for key in changed)
+            + "; this run would build one with "
+            + ", ".join(f"{key}={current.get(key)!r}" for key in changed)
+            + ". Resume with the options of the original run (--config or --init-from, --vocab, --dropout, "
+            "--num-softmax-samples)."
+        )
+    if state["optimizer"] != args.optimizer:
+        raise CheckpointError(
+            f"--resume: {checkpoint} was trained with --optimizer {state['optimizer']}, this run asks for "
+            f"{args.optimizer}; its optimizer state cannot be used. Resume with --optimizer {state['optimizer']}."
+        )
+    if state["vocab_sha256"] != vocab_digest:
+        raise CheckpointError(
+            f"--resume: the vocabulary ({os.path.join(args.output_dir, 'vocab.txt')}) is not the one {checkpoint} "
+            "was trained with; the softmax rows would mean other words."
+        )
+    try:
+        weights = load_file(os.path.join(checkpoint, "model.safetensors"))
+    except (OSError, SafetensorError) as error:
+        raise CheckpointError(f"--resume: {checkpoint}/model.safetensors cannot be read ({error}).") from None
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as error:
+        raise CheckpointError(f"--resume: {checkpoint}/model.safetensors does not fit the model: "
+                              f"{str(error).splitlines()[0]}") from None
+    return state
+
+
+def _load_optimizer(optimizer, checkpoint: str) -> None:
+    path = os.path.join(checkpoint, OPTIMIZER_FILE)
+    try:
+        # Tensors and plain values only: a file that asks for anything else is refused, never executed.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"--resume: {path} is missing; the checkpoint is incomplete.") from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
+        raise CheckpointError(
+            f"--resume: {path} is not a plain tensor file ({str(error).splitlines()[0]}); refusing to load it."
+        ) from None
+    try:
+        optimizer.load_state_dict(state)
+    except (KeyError, ValueError, TypeError) as error:
+        raise CheckpointError(f"--resume: {path} does not fit this optimizer ({error!r}).") from None
+
+
+def _save_checkpoint(accelerator, model, optimizer, output_dir: str, step: int, keep: int, training_state: dict) -> str:
+    """Write `checkpoint-STEP` into a staging folder renamed into place, so a killed save never looks complete."""
     final = os.path.join(output_dir, f"checkpoint-{step}")
     staging = final + ".partial"
-    if accelerator.is_main_process and os.path.exists(staging):
-        shutil.rmtree(staging)
+    if accelerator.is_main_process:
+        if os.path.exists(staging):
+            shutil.rmtree(staging)
+        os.makedirs(staging)
     accelerator.wait_for_everyone()
-    accelerator.save_state(staging)
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        # Data-parallel replicas hold the same model and optimizer state: one copy is written.
+        accelerator.unwrap_model(model).save_pretrained(staging, state_dict=state_dict)
+        torch.save(optimizer.state_dict(), os.path.join(staging, OPTIMIZER_FILE))
+        _write_json_atomic(os.path.join(staging, TRAINING_STATE_FILE), training_state)
+    # Generators differ between processes (seeded per process): each writes its own.
+    _write_json_atomic(os.path.join(staging, RNG_STATE_FILE.format(rank=accelerator.process_index)), _rng_state())
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if os.path.exists(final):
@@ -589,6 +823,26 @@ def _save_checkpoint(accelerator, output_dir: str, step: int, keep: int) -> str:
             shutil.rmtree(os.path.join(output_dir, f"checkpoint-{old}"), ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+FINAL_STAGING_PREFIX = ".final-"
+
+
+def _save_final(output_dir: str, model, state_dict: dict, tokenizer, results: dict) -> None:
+    """
+    The final model, tokenizer and eval_results.json, written in a hidden staging folder and moved in file by file
+    (each move atomic): a run killed while saving leaves no partial file in OUTPUT_DIR, only the staging folder,
+    which the next run removes. The weights move after the config and before eval_results.json.
+    """
+    staging = tempfile.mkdtemp(dir=output_dir, prefix=FINAL_STAGING_PREFIX, suffix=".partial")
+    model.save_pretrained(staging, state_dict=state_dict)
+    tokenizer.save_pretrained(staging)
+    _write_json_atomic(os.path.join(staging, "eval_results.json"), results)
+    weights = sorted(name for name in os.listdir(staging) if name.endswith((".safetensors", ".safetensors.index.json")))
+    rest = sorted(name for name in os.listdir(staging) if name not in weights and name != "eval_results.json")
+    for name in [*rest, *weights, "eval_results.json"]:
+        os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+    os.rmdir(staging)
 
 
 def _check_replicas_agree(accelerator, model, gather_object) -> None:

@@ -6,11 +6,14 @@ import logging
 import math
 import os
 import re
+import pickle
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -460,6 +463,112 @@ def test_run_errors_and_empty_lines(corpus, tmp_path, caplog):
     assert "step 3: loss" in caplog.text and re.search(r"step 4: loss .*, lr 0\.05, ", caplog.text)
 
 
+class Payload:
+    """A pickle that runs code when loaded: it creates the folder `path` (and its parents)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.makedirs, (self.path,))
+
+
+def _reset_accelerate():
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def test_resume_refuses_another_model_vocabulary_or_optimizer(trained, corpus, tmp_path, caplog):
+    output = tmp_path / "run"
+    shutil.copytree(trained, output)
+    (tmp_path / "skip.json").write_text(json.dumps({**TINY, "use_skip_connections": False}), encoding="utf-8")
+    (tmp_path / "wide.json").write_text(json.dumps({**TINY, "lstm_dim": 32}), encoding="utf-8")
+    write_vocab(["<S>", "</S>", "<UNK>", "the", "of"], str(tmp_path / "other-vocab.txt"))
+    same = ["--num-softmax-samples", "512", "--batch-size", "16", "--learning-rate", "2e-2", "--max-steps", "31",
+            "--report-to", "none", "--num-workers", "0", "--resume"]
+
+    def refused(*changed) -> str:
+        caplog.clear()
+        options = common_args(corpus, output, *same, *changed)
+        if "--vocab" not in changed:
+            options += ["--build-vocab", "--min-count", "2"]
+        if "--optimizer" not in changed:
+            options += ["--optimizer", "adamw"]
+        assert pretrain_main(options) == 1
+        _reset_accelerate()
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and "\n" not in errors[0], errors
+        return errors[0]
+
+    checkpoint = output / "checkpoint-30"
+    message = refused("--config", str(tmp_path / "skip.json"))
+    assert message == (
+        f"--resume: {checkpoint} holds a model with use_skip_connections=True; this run would build one with "
+        "use_skip_connections=False. Resume with the options of the original run (--config or --init-from, --vocab, "
+        "--dropout, --num-softmax-samples)."
+    )
+    assert "holds a model with lstm_dim=64; this run would build one with lstm_dim=32." in refused(
+        "--config", str(tmp_path / "wide.json"))
+    assert refused("--optimizer", "adagrad") == (
+        f"--resume: {checkpoint} was trained with --optimizer adamw, this run asks for adagrad; its optimizer state "
+        "cannot be used. Resume with --optimizer adamw."
+    )
+    assert refused("--vocab", str(tmp_path / "other-vocab.txt")).startswith(
+        f"--resume: --vocab {tmp_path / 'other-vocab.txt'} is not the vocabulary of the run being resumed")
+    # The run's own vocabulary passed again is the same vocabulary.
+    assert "holds a model with" in refused("--vocab", str(trained / "vocab.txt"), "--config", str(tmp_path / "skip.json"))
+
+    # A tampered optimizer file is refused, not run; a checkpoint of the earlier, pickled format is refused unread.
+    planted = tmp_path / "payload-ran"
+    (checkpoint / "optimizer.bin").write_bytes(pickle.dumps(Payload(str(planted)), protocol=2))
+    assert refused().startswith(f"--resume: {checkpoint / 'optimizer.bin'} is not a plain tensor file (")
+    (checkpoint / "training_state.json").unlink()
+    (checkpoint / "custom_checkpoint_0.pkl").write_bytes(pickle.dumps(Payload(str(planted))))
+    assert refused().startswith(f"--resume: {checkpoint} was written by an earlier hf_elmo (Accelerate's pickle")
+    assert not planted.exists()
+
+
+# Runs pretraining; when the final model's config.json is opened for writing (not a checkpoint's), it caps the size
+# of files it writes: the kernel then kills it with SIGXFSZ in the middle of writing the weights.
+KILLED_IN_FINAL_SAVE = """
+import os, resource, signal, sys
+
+def arm(event, args):
+    if event == "open" and os.path.basename(str(args[0])) == "config.json" and str(args[1]).startswith("w"):
+        if "checkpoint-" not in str(args[0]):
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it: a write would only fail
+            resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+
+sys.addaudithook(arm)
+from hf_elmo.pretraining import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_kill_during_the_final_save_leaves_no_partial_model(corpus, tmp_path):
+    output = tmp_path / "run"
+    options = common_args(corpus, output, "--build-vocab", "--max-steps", "2", "--batch-size", "4",
+                          "--num-workers", "0", "--report-to", "none")
+    result = subprocess.run([sys.executable, "-c", KILLED_IN_FINAL_SAVE, *options], capture_output=True, text=True,
+                            env=_env())
+    assert result.returncode == -signal.SIGXFSZ, result.stderr[-3000:]
+    assert (output / "checkpoint-2" / "model.safetensors").stat().st_size > 65536  # the weights are larger
+    # Nothing of the final model: saved in place, a kill left config.json, the code and tokenizer files without
+    # weights (and, with safetensors < 0.8, a truncated model.safetensors; with 0.8, a hidden temporary file beside
+    # it that no run removed).
+    visible = sorted(name for name in os.listdir(output) if not name.startswith("."))
+    assert visible == ["checkpoint-2", "training_args.json", "vocab.txt"]
+
+    # --resume finds the run finished, writes the final model, and removes what the killed save left.
+    assert pretrain_main([*options, "--resume"]) == 0
+    assert not [name for name in os.listdir(output) if name.startswith(".")]
+    assert torch.equal(load_file(output / "model.safetensors")["softmax.weight"],
+                       load_file(output / "checkpoint-2" / "model.safetensors")["softmax.weight"])
+
+
 # ------------------------------------------------------------------------------------------------ multi-process
 def _env():
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1",
@@ -528,6 +637,14 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -556,14 +673,18 @@ def _kill_tree(pid: int) -> None:
 def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
     reference_dir, _ = two_process_run
     output = reference_dir.parent / "killed"
-    process = subprocess.Popen(_launch(corpus, trained / "vocab.txt", output), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, env=_env())
+    # The reference ran with 2 DataLoader workers per process (the default); this run with 1, the resumed one with
+    # none: the batches, and where a checkpoint says the data stands, do not depend on it.
+    process = subprocess.Popen(_launch(corpus, trained / "vocab.txt", output, "--num-workers", "1"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
     workers, lines = [], []
     try:
         for line in process.stdout:
             lines.append(line)
             if "Saved checkpoint" in line and line.rstrip().endswith("checkpoint-4"):
-                workers = [p for p in _descendants(process.pid) if "hf_elmo.pretraining" in _cmdline(p)]
+                training = [p for p in _descendants(process.pid) if "hf_elmo.pretraining" in _cmdline(p)]
+                # The training processes, not their DataLoader workers (forked: the same command line).
+                workers = [p for p in training if _parent(p) not in training]
                 _kill_tree(process.pid)  # the launcher and both workers, mid-training: a crashed machine
                 break
         process.wait(timeout=60)
@@ -580,9 +701,20 @@ def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
     assert not os.path.exists(output / "model.safetensors"), "".join(lines)[-6000:]
     resume_from = latest_checkpoint(str(output))
     assert resume_from in (str(output / "checkpoint-4"), str(output / "checkpoint-8")), os.listdir(output)
+    # Data only (and the model's code files, which save_pretrained adds and resuming never imports).
+    assert sorted(name for name in os.listdir(resume_from) if not name.endswith(".py")) == [
+        "config.json", "model.safetensors", "optimizer.bin", "rng_state_0.json", "rng_state_1.json",
+        "tokenizer_config.json", "training_state.json",
+    ]
+    # Pickles where Accelerate keeps its custom and random states, each of which would leave a folder if unpickled.
+    planted = output / "payload-ran"
+    for name in ("custom_checkpoint_0.pkl", "custom_checkpoint_1.pkl", "custom_checkpoint_2.pkl",
+                 "random_states_0.pkl", "random_states_1.pkl", "scheduler.bin"):
+        (Path(resume_from) / name).write_bytes(pickle.dumps(Payload(str(planted / name))))
 
-    code, log = _run_launch(_launch(corpus, trained / "vocab.txt", output, "--resume"))
+    code, log = _run_launch(_launch(corpus, trained / "vocab.txt", output, "--resume", "--num-workers", "0"))
     assert code == 0, log[-6000:]
+    assert not planted.exists()
     assert f"Resumed from {resume_from}: step {resume_from.rsplit('-', 1)[1]}" in log
     reference = load_file(reference_dir / "model.safetensors")
     resumed = load_file(output / "model.safetensors")
