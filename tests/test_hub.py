@@ -167,9 +167,10 @@ def test_publish_dry_run_touches_no_network_and_keeps_the_folder(converted_dir, 
     lines = capsys.readouterr().out.splitlines()
     prepared = lines[0].split(": ")[-1]
     assert lines[0] == f"Dry run: nothing was uploaded. Prepared folder for someone/elmo: {prepared}"
-    assert lines[1:11] == [f"  {name}" for name in PUBLISHED_FILES]
-    assert lines[11] == "Left out: checkpoint-10, optimizer.pt, pytorch_model.bin, trainer_state.json"
-    assert lines[12] == f"Model card: {os.path.join(prepared, 'README.md')}"
+    listed = len(PUBLISHED_FILES)
+    assert lines[1 : 1 + listed] == [f"  {name}" for name in PUBLISHED_FILES]
+    assert lines[1 + listed] == "Left out: checkpoint-10, optimizer.pt, pytorch_model.bin, trainer_state.json"
+    assert lines[2 + listed] == f"Model card: {os.path.join(prepared, 'README.md')}"
     assert sorted(os.listdir(prepared)) == PUBLISHED_FILES
     assert ModelCard.load(os.path.join(prepared, "README.md")).data.tags[:3] == ["elmo", "bilm", "hf_elmo"]
     shutil.rmtree(prepared)
