@@ -26,6 +26,7 @@ one `</S>` per sentence.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -40,7 +41,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from hf_elmo.configuration_elmo import ElmoConfig  # noqa: E402
-from hf_elmo.modeling_elmo import ElmoForPreTraining  # noqa: E402
+from hf_elmo.modeling_elmo import ELMO_IMPLEMENTATIONS, ElmoForPreTraining, elmo_implementation_for  # noqa: E402
 from hf_elmo.pretraining_data import (  # noqa: E402
     BatchEncoder,
     PretrainingBatches,
@@ -123,15 +124,31 @@ def encode_rates(tokenizer, encoder: BatchEncoder, settings: dict, batches: int 
 
 
 class Sections:
-    """Wall-clock time of the char CNN, biLSTM and softmax, forward and backward, by hooks on the modules."""
+    """
+    Wall-clock time of the char CNN, biLSTM and softmax, forward and backward: the implementation that the model
+    uses on `device` is wrapped (in this process only) so that its two functions mark when they start and end.
+    """
 
-    def __init__(self, model, sync):
+    def __init__(self, model, sync, device):
         self.sync, self.marks = sync, {}
-        elmo = model.elmo
-        elmo.char_encoder.register_forward_pre_hook(lambda module, args: self.mark("cnn_start"))
-        elmo.char_encoder.register_forward_hook(self._after_char_encoder)
-        elmo.bilstm.register_forward_pre_hook(self._before_bilstm)
-        elmo.bilstm.register_forward_hook(self._after_bilstm)
+        chosen = elmo_implementation_for(model.config, torch.device(device))
+        self.implementation = next(name for name, known in ELMO_IMPLEMENTATIONS.items() if known is chosen)
+
+        def token_vectors(encoder, char_ids):
+            self.mark("cnn_start")
+            output = chosen.token_vectors(encoder, char_ids)
+            self._after_char_encoder(None, None, output)
+            return output
+
+        def bilstm(module, tokens, *args):
+            self._before_bilstm(None, (tokens,))
+            output = chosen.bilstm(module, tokens, *args)
+            self._after_bilstm(None, None, output)
+            return output
+
+        ELMO_IMPLEMENTATIONS[self.implementation] = dataclasses.replace(
+            chosen, token_vectors=token_vectors, bilstm=bilstm
+        )
 
     def mark(self, name):
         self.sync()
@@ -263,7 +280,7 @@ def main():
     peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mib()
 
     # Profiling pass: the same steps with a synchronisation at every section edge.
-    sections = Sections(accelerator.unwrap_model(model), sync)
+    sections = Sections(accelerator.unwrap_model(model), sync, args.device)
     split = dict.fromkeys(("data", "char_cnn", "bilstm", "softmax", "optimizer"), 0.0)
     for _ in range(args.profile_steps):
         sync()
@@ -298,6 +315,7 @@ def main():
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "mixed_precision": args.mixed_precision,
+        "elmo_implementation": sections.implementation,
         "softmax_negatives": 8192,
         "steps": args.steps,
         **common,
