@@ -10,6 +10,7 @@ Run `hf-elmo COMMAND --help` for the options of each command.
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
@@ -160,8 +161,12 @@ def _run_embed(args) -> int:
     import torch
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from .embed import embed_file, load_model_and_tokenizer
+    from .embed import embed_file, load_model_and_tokenizer, open_input
+    from .safe_output import check_replaceable_file
 
+    # Before loading the model: a bad input or an output that may not be written is reported at once.
+    open_input(args.input).close()
+    check_replaceable_file(os.path.abspath(args.output), args.overwrite, inputs=[args.input])
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_model_and_tokenizer(args.model, device)
     with logging_redirect_tqdm():

@@ -95,7 +95,7 @@ def _load(model_dir: str):
         model = from_pretrained_checked(model_class.from_pretrained, model_dir)
     except WeightCheckError as error:
         raise PublishError(str(error)) from None
-    except (OSError, ValueError, RuntimeError) as error:
+    except Exception as error:  # noqa: BLE001 - safetensors, torch and Transformers each raise their own types
         raise PublishError(f"{model_dir}: the weights cannot be loaded ({' '.join(str(error).split())}).") from None
     if os.path.isfile(os.path.join(model_dir, "tokenizer_config.json")):
         try:

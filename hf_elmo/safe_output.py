@@ -155,10 +155,13 @@ def atomic_output_dir(output_dir: str, overwrite: bool = False, inputs=()):
     try:
         os.makedirs(parent, exist_ok=True)
         recover_interrupted(output_dir)
-        check_replaceable_dir(output_dir, overwrite, inputs)
+    except OSError as error:
+        # makedirs says "File exists" when a parent is a file: name the real problem.
+        reason = "Not a directory" if os.path.isfile(parent) or isinstance(error, NotADirectoryError) else error.strerror
+        raise OutputError(f"cannot write {output_dir}: {reason or error}.") from None
+    check_replaceable_dir(output_dir, overwrite, inputs)
+    try:
         staging = tempfile.mkdtemp(dir=parent, prefix=f".{name}.tmp-{os.getpid()}-")
-    except (FileExistsError, OutputError):
-        raise
     except OSError as error:
         raise OutputError(f"cannot write {output_dir}: {error.strerror or error}.") from None
     old = None

@@ -59,7 +59,9 @@ def check_loading_info(loading_info: dict, source: str) -> None:
     biLM weights that were not read from the checkpoint, i.e. that the model would use freshly initialised.
     """
     missing = sorted(k for k in loading_info.get("missing_keys", ()) if is_bilm_key(k))
-    mismatched = sorted(entry[0] for entry in loading_info.get("mismatched_keys", ()) if is_bilm_key(entry[0]))
+    # Entries are keys, or (key, stored shape, model shape) tuples depending on the Transformers version.
+    mismatched_keys = [e if isinstance(e, str) else e[0] for e in loading_info.get("mismatched_keys", ())]
+    mismatched = sorted(k for k in mismatched_keys if is_bilm_key(k))
     for names, why in ((missing, "not in the checkpoint"), (mismatched, "stored with another shape")):
         if names:
             listed = ", ".join(f"'{n}'" for n in names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
