@@ -218,8 +218,15 @@ def embed_file(
     handle = open_input(input_path)
     total = count_lines(input_path) if os.path.isfile(input_path) else None
     lines = read_lines(handle, input_path)
-    os.makedirs(os.path.dirname(output_path), exist_ok=True)
-    _remove_stale_partials(output_path)
+    try:
+        os.makedirs(os.path.dirname(output_path), exist_ok=True)
+        _remove_stale_partials(output_path)
+        # Created here first: h5py reports a folder that cannot be written in a long message of its own.
+        with open(_partial_path(output_path), "wb"):
+            pass
+    except OSError as error:
+        handle.close()
+        raise OutputError(f"cannot write {output_path}: {error.strerror or error}.") from None
 
     config = model.config
     dtype = np.float16 if float16 else np.float32
