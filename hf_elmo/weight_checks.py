@@ -79,12 +79,13 @@ def check_loaded_model(model, loading_info: dict | None, source: str) -> None:
     check_finite(model, source)
 
 
-def from_pretrained_checked(load, pretrained_model_name_or_path, *args, **kwargs):
+def from_pretrained_checked(load, *args, **kwargs):
     """
-    `load(pretrained_model_name_or_path, *args, **kwargs)` (a `from_pretrained`) followed by `check_loaded_model`.
-    Returns what `load` returns: the model, or `(model, loading_info)` when the caller asked for the loading info.
+    `load(*args, **kwargs)` (a `from_pretrained`) followed by `check_loaded_model`. Returns what `load` returns: the
+    model, or `(model, loading_info)` when the caller asked for the loading info.
     """
+    source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
     wants_info = kwargs.pop("output_loading_info", False)
-    model, loading_info = load(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
-    check_loaded_model(model, loading_info, str(pretrained_model_name_or_path))
+    model, loading_info = load(*args, output_loading_info=True, **kwargs)
+    check_loaded_model(model, loading_info, str(source))
     return (model, loading_info) if wants_info else model

@@ -278,6 +278,9 @@ def test_a_head_may_start_from_a_bilm_checkpoint(converted_dir):
                                           num_labels=3, output_loading_info=True)
     assert info["missing_keys"] == {"classifier.weight", "classifier.bias", "encoder.mix.gamma",
                                     "encoder.mix.scalar_weights"}
+    # The way a `from_pretrained` override calls it: the path may come as a keyword too.
+    model = from_pretrained_checked(ElmoModel.from_pretrained, pretrained_model_name_or_path=str(converted_dir))
+    assert isinstance(model, ElmoModel)
 
 
 def test_embed_refuses_nan_vectors_even_from_finite_weights(model_copy, tmp_path, capsys):
