@@ -9,6 +9,7 @@ import torch
 
 from . import bilm_tf
 from .configuration_elmo import ElmoConfig
+from .model_source import resolve_model
 from .modeling_elmo import ElmoModel
 from .safe_output import atomic_output_dir, check_replaceable_dir
 from .tokenization_elmo import ElmoTokenizer
@@ -75,7 +76,8 @@ def convert_bilm_tf_to_hf(
 def convert_hf_to_bilm_tf(model_dir: str, output_dir: str, overwrite: bool = False) -> tuple[str, str]:
     """Export a saved `ElmoModel` (or any ELMo head's biLM) as bilm-tf `options.json` + `weights.hdf5`."""
     check_replaceable_dir(os.path.abspath(output_dir), overwrite, inputs=[model_dir])
-    model = from_pretrained_checked(ElmoModel.from_pretrained, model_dir)
+    name, extra = resolve_model(model_dir)  # a mistyped folder fails here, without a Hub request
+    model = from_pretrained_checked(ElmoModel.from_pretrained, name, **extra)
     config: ElmoConfig = model.config
     with atomic_output_dir(output_dir, overwrite=overwrite, inputs=[model_dir]) as staging:
         with open(os.path.join(staging, "options.json"), "w", encoding="utf-8") as f:

@@ -476,6 +476,8 @@ def test_a_mistyped_local_folder_fails_at_once_without_a_hub_request(silent_hub,
     for name in ("nope", "./elmo", "models/elmo-smal", "a/b/c", "~/elmo"):
         assert main(["embed", "in.txt", "out.hdf5", "--model", name]) == 2
         assert error_line(capsys) == f"error: {name}: no such folder (and not a Hub repo id of the form owner/name)."
+    assert main(["convert", "--to-bilm-tf", "nope", "--output", "back"]) == 2
+    assert error_line(capsys) == "error: nope: no such folder (and not a Hub repo id of the form owner/name)."
     assert silent_hub.connections == []
 
 
