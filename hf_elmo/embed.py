@@ -309,16 +309,19 @@ def _check_space(partial: str, output_path: str, lines, layers: str, config, dty
     report a failed write cleanly: it fails later while freeing its objects, with thousands of "Exception ignored"
     lines and possibly a crash, so running out of space must be caught before it happens.
     """
-    import resource
-
     per_word = (config.num_lstm_layers + 1 if layers == "all" else 1) * config.hidden_size * np.dtype(dtype).itemsize
     # Vectors, plus the text and word attributes and a generous allowance for HDF5's own structures per dataset.
     needed = sum(len(words) * per_word + 2 * len(text.encode()) + 4096 for _, text, words in lines) + (1 << 20)
     written = os.path.getsize(partial) if os.path.exists(partial) else 0
     free = shutil.disk_usage(os.path.dirname(partial)).free
-    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    if limit != resource.RLIM_INFINITY:
-        free = min(free, limit - written)
+    try:
+        import resource
+    except ImportError:  # Windows: no per-process file-size limit
+        resource = None
+    if resource is not None:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            free = min(free, limit - written)
     if needed > free:
         first, last = lines[0][0], lines[-1][0]
         raise OutputError(

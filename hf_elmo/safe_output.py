@@ -123,6 +123,9 @@ def recover_interrupted(output_dir: str) -> None:
 @contextlib.contextmanager
 def _signals_held():
     """SIGINT/SIGTERM wait until the block is done (delivered right after), so that it is never cut in two."""
+    if not hasattr(signal, "pthread_sigmask"):  # not on Windows: the next run's recovery has to do
+        yield
+        return
     held = {signal.SIGINT, signal.SIGTERM}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
