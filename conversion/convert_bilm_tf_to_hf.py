@@ -12,7 +12,7 @@ import argparse
 import logging
 import sys
 
-from hf_elmo.bilm_tf import BilmTfFormatError
+from hf_elmo.cli import handle_sigterm, run_reporting_errors
 from hf_elmo.convert import add_convert_arguments, run_convert
 
 
@@ -21,11 +21,9 @@ def main(argv=None) -> int:
     add_convert_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        return run_convert(args, parser)
-    except (BilmTfFormatError, FileExistsError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    # Without this, SIGTERM would kill the process before it removes its hidden staging folder.
+    handle_sigterm()
+    return run_reporting_errors(lambda: run_convert(args, parser), "converting")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 
-from hf_elmo.bilm_tf import BilmTfFormatError
+from hf_elmo.cli import handle_sigterm, run_reporting_errors
 from hf_elmo.convert import convert_hf_to_bilm_tf
 
 
@@ -24,17 +24,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", help="hf_elmo model folder (config.json + model.safetensors).")
     parser.add_argument("--output", required=True, help="folder to write; created atomically.")
-    parser.add_argument("--overwrite", action="store_true", help="replace --output if it already exists.")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it is a bilm-tf export or "
+                        "model folder this tool wrote; never MODEL_DIR or the current folder.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
         print(f"error: {args.model_dir} is not an hf_elmo model folder (no config.json).", file=sys.stderr)
         return 2
-    try:
-        options, weights = convert_hf_to_bilm_tf(args.model_dir, args.output, overwrite=args.overwrite)
-    except (BilmTfFormatError, FileExistsError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    handle_sigterm()
+    return run_reporting_errors(lambda: _export(args), "exporting")
+
+
+def _export(args) -> int:
+    options, weights = convert_hf_to_bilm_tf(args.model_dir, args.output, overwrite=args.overwrite)
     written = [options, weights]
     vocab = os.path.join(args.model_dir, "vocab.txt")
     if os.path.isfile(vocab):

@@ -9,6 +9,7 @@ without a padding row, LSTM `W_0` holding input rows then recurrent rows, and wh
 import json
 import logging
 import os
+import re
 
 import numpy as np
 import torch
@@ -39,32 +40,44 @@ def read_options(path: str) -> dict:
 def config_from_options(options: dict, source: str = "options.json") -> ElmoConfig:
     """The `ElmoConfig` of a bilm-tf options dict; training-only keys are ignored."""
 
-    def need(section: str, key: str):
-        try:
-            return options[section][key]
-        except (KeyError, TypeError):
-            raise BilmTfFormatError(f"{source}: missing required key '{section}.{key}'.") from None
+    def section(name: str) -> dict:
+        value = options.get(name) if isinstance(options, dict) else None
+        if not isinstance(value, dict):
+            found = "missing" if value is None else f"a {type(value).__name__}"
+            raise BilmTfFormatError(f"{source}: '{name}' must be a JSON object (section), but it is {found}.")
+        return value
 
-    need("char_cnn", "filters")
-    char_cnn, lstm = options["char_cnn"], options["lstm"]
+    def need(part: dict, name: str, key: str):
+        if key not in part:
+            raise BilmTfFormatError(f"{source}: missing required key '{name}.{key}'.")
+        return part[key]
+
+    char_cnn, lstm = section("char_cnn"), section("lstm")
+    embedding = need(char_cnn, "char_cnn", "embedding")
+    if not isinstance(embedding, dict):
+        raise BilmTfFormatError(
+            f"{source}: 'char_cnn.embedding' must be an object such as {{\"dim\": 16}}, got {embedding!r}."
+        )
     activation = char_cnn.get("activation", "relu")
     if activation not in ("relu", "tanh"):
         raise BilmTfFormatError(f"{source}: char_cnn.activation is {activation!r}; bilm-tf supports 'relu' and 'tanh'.")
     try:
         return ElmoConfig(
-            char_filters=need("char_cnn", "filters"),
+            char_filters=need(char_cnn, "char_cnn", "filters"),
             n_highway=char_cnn.get("n_highway") or 0,
-            char_embedding_dim=need("char_cnn", "embedding")["dim"],
+            char_embedding_dim=need(embedding, "char_cnn.embedding", "dim"),
             n_characters=char_cnn.get("n_characters", 262),
             max_characters_per_token=char_cnn.get("max_characters_per_token", 50),
             char_activation=activation,
-            lstm_dim=need("lstm", "dim"),
-            projection_dim=need("lstm", "projection_dim"),
+            lstm_dim=need(lstm, "lstm", "dim"),
+            projection_dim=need(lstm, "lstm", "projection_dim"),
             cell_clip=lstm.get("cell_clip"),
             proj_clip=lstm.get("proj_clip"),
             num_lstm_layers=lstm.get("n_layers", 1),
             use_skip_connections=bool(lstm.get("use_skip_connections", False)),
         )
+    except BilmTfFormatError:
+        raise
     except (ValueError, TypeError, KeyError) as error:
         raise BilmTfFormatError(f"{source}: {error}") from None
 
@@ -182,9 +195,21 @@ def read_weights(path: str, config: ElmoConfig, progress: bool = False) -> dict[
         found = set()
         handle.visititems(lambda name, node: found.add(name) if hasattr(node, "shape") else None)
     unused = sorted(found - expected)
+    # Layers, highways or filters beyond what the options describe: dropping them would write a smaller,
+    # different model without a word, so it is an error. Anything else is not part of any bilm-tf model.
+    dropped = [name for name in unused if _MODEL_DATASET.match(name)]
+    if dropped:
+        listed = ", ".join(dropped[:4]) + (f" and {len(dropped) - 4} more" if len(dropped) > 4 else "")
+        raise BilmTfFormatError(
+            f"{path}: holds weights the options leave out ({listed}); converting would drop them. Make the "
+            "options match the weights (lstm.n_layers, char_cnn.n_highway, char_cnn.filters)."
+        )
     if unused:
         logger.warning("%s: ignoring datasets the options do not describe: %s", path, ", ".join(unused))
     return state_dict
+
+
+_MODEL_DATASET = re.compile(r"^(CNN/[Wb]_cnn_\d+|CNN_high_\d+/|CNN_proj/|RNN_\d+/RNN/MultiRNNCell/Cell\d+/)")
 
 
 def write_weights(path: str, state_dict: dict[str, torch.Tensor], config: ElmoConfig) -> None:
@@ -195,6 +220,8 @@ def write_weights(path: str, state_dict: dict[str, torch.Tensor], config: ElmoCo
     p = config.projection_dim
     for dataset, shape, key, how in weight_layout(config):
         tensor = state_dict[key].detach().to("cpu", torch.float32)
+        if not torch.isfinite(tensor).all():
+            raise BilmTfFormatError(f"state dict key '{key}' contains NaN or infinite values; not exported.")
         if how == "copy":
             array = tensor.numpy()
         elif how == "transpose":
@@ -219,9 +246,21 @@ def write_weights(path: str, state_dict: dict[str, torch.Tensor], config: ElmoCo
 
 
 def read_vocab(path: str) -> list[str]:
-    """A bilm-tf vocabulary file: one word per line, most frequent first."""
+    """A bilm-tf vocabulary file: one word per line, most frequent first, with `<S>`, `</S>` and `<UNK>`."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return [line.rstrip("\n") for line in f if line.rstrip("\n")]
+        # utf-8-sig: a byte-order mark written by some editors is not part of the first word.
+        with open(path, encoding="utf-8-sig") as f:
+            words = [line.strip() for line in f if line.strip()]
     except FileNotFoundError:
         raise BilmTfFormatError(f"{path}: vocabulary file not found.") from None
+    except IsADirectoryError:
+        raise BilmTfFormatError(f"{path}: is a directory, expected a vocabulary file.") from None
+    except UnicodeDecodeError as error:
+        raise BilmTfFormatError(f"{path}: vocabulary file is not UTF-8 text (byte {error.start}).") from None
+    missing = [word for word in ("<S>", "</S>", "<UNK>") if word not in words]
+    if missing:
+        raise BilmTfFormatError(
+            f"{path}: vocabulary lacks {', '.join(missing)}; a bilm-tf vocabulary lists one word per line with "
+            "<S>, </S> and <UNK> among them."
+        )
+    return words

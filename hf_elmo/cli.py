@@ -10,6 +10,7 @@ Run `hf-elmo COMMAND --help` for the options of each command.
 
 import argparse
 import logging
+import os
 import signal
 import sys
 
@@ -80,7 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("input", metavar="INPUT", help="text file, UTF-8, one sentence per line.")
     embed.add_argument("output", metavar="OUTPUT", help="HDF5 file to write.")
     embed.add_argument("--model", required=True, metavar="DIR",
-                       help="ELMo folder (from hf-elmo convert or save_pretrained) or Hub repo id.")
+                       help="ELMo folder (from hf-elmo convert or save_pretrained) or Hub repo id owner/name. A name "
+                       "is a repo id only if no such local path exists, it has exactly one '/', does not start with "
+                       "'.', '/' or '~', and its owner part is not a local folder; anything else is a local folder "
+                       "and fails at once if missing.")
     which = embed.add_mutually_exclusive_group()
     for choice, text in zip(
         LAYER_CHOICES,
@@ -103,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="longer lines are split into pieces of at most N words (default: %(default)s).")
     embed.add_argument("--device", default=None,
                        help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available, else cpu).")
-    embed.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists.")
+    embed.add_argument("--overwrite", action="store_true",
+                       help="replace OUTPUT if it is an HDF5 file written by hf-elmo embed (never INPUT).")
     embed.add_argument("--no-progress", action="store_true", help="do not show a progress bar.")
     embed.set_defaults(run=_run_embed)
 
@@ -156,8 +161,12 @@ def _run_embed(args) -> int:
     import torch
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from .embed import embed_file, load_model_and_tokenizer
+    from .embed import embed_file, load_model_and_tokenizer, open_input
+    from .safe_output import check_replaceable_file
 
+    # Before loading the model: a bad input or an output that may not be written is reported at once.
+    open_input(args.input).close()
+    check_replaceable_file(os.path.abspath(args.output), args.overwrite, inputs=[args.input])
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_model_and_tokenizer(args.model, device)
     with logging_redirect_tqdm():
@@ -208,6 +217,56 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def handle_sigterm() -> None:
+    """SIGTERM cleans up like Ctrl-C (unless someone installed another handler)."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def run_reporting_errors(run, what: str) -> int:
+    """
+    `run()`, with every expected failure turned into one `error: ...` line on stderr and exit status 2 (130 for an
+    interrupt): bad input files, outputs that may not be written, bad weights, Hub errors and timeouts.
+    """
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from .bilm_tf import BilmTfFormatError
+    from .embed import EmbedInputError, EmbedOutputError
+    from .hub_timeouts import describe_timeout
+    from .model_source import ModelSourceError
+    from .publish import PublishError
+    from .safe_output import os_error_line
+    from .weight_checks import WeightCheckError
+
+    expected = (BilmTfFormatError, EmbedInputError, EmbedOutputError, PublishError, ModelSourceError,
+                WeightCheckError, FileExistsError, HfHubHTTPError)
+    try:
+        return run()
+    except expected as error:
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; no partial output is left behind", file=sys.stderr)
+        return 130
+    except Exception as error:
+        timed_out = describe_timeout(error, what)
+        if timed_out is not None:
+            print(f"error: {timed_out}", file=sys.stderr)
+            return 2
+        if isinstance(error, OSError):
+            print(f"error: {os_error_line(error)}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _what(args) -> str:
+    if args.command == "embed":
+        return f"fetching the model {args.model}"
+    if args.command == "publish":
+        return f"publishing to {args.repo_id}"
+    return f"fetching the model {args.to_bilm_tf}" if getattr(args, "to_bilm_tf", None) else "converting"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
@@ -217,22 +276,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
-    from huggingface_hub.errors import HfHubHTTPError
+    from .hub_timeouts import enforce_hub_timeouts
 
-    from .bilm_tf import BilmTfFormatError
-    from .embed import EmbedInputError
-    from .publish import PublishError
-
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        return args.run(args)
-    except (BilmTfFormatError, EmbedInputError, PublishError, FileExistsError, HfHubHTTPError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; no partial output is left behind", file=sys.stderr)
-        return 130
+    enforce_hub_timeouts()
+    handle_sigterm()
+    return run_reporting_errors(lambda: args.run(args), _what(args))
 
 
 if __name__ == "__main__":

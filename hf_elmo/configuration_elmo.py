@@ -279,8 +279,11 @@ class ElmoConfig(PreTrainedConfig):
             )
         for field in ("cell_clip", "proj_clip"):
             value = getattr(self, field)
-            if value is not None and value <= 0:
-                raise ValueError(f"ElmoConfig.{field} must be positive or None (no clipping), got {value!r}.")
+            # Written so that NaN fails too: a NaN clip turns every LSTM state into NaN.
+            if value is not None and not 0 < value < float("inf"):
+                raise ValueError(
+                    f"ElmoConfig.{field} must be a positive finite number or None (no clipping), got {value!r}."
+                )
         if self.vocab_size is not None:
             positive_int("vocab_size")
         if not isinstance(self.use_skip_connections, bool):

@@ -1,18 +1,17 @@
 """bilm-tf files -> a Hugging Face folder (and back), written atomically: a failed run leaves nothing behind."""
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 
 import torch
 
 from . import bilm_tf
 from .configuration_elmo import ElmoConfig
+from .model_source import resolve_model
 from .modeling_elmo import ElmoModel
+from .safe_output import atomic_output_dir, check_replaceable_dir
 from .tokenization_elmo import ElmoTokenizer
 
 
@@ -25,36 +24,6 @@ def sha256_of(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-@contextlib.contextmanager
-def atomic_output_dir(output_dir: str, overwrite: bool = False):
-    """
-    Yields a temporary folder beside `output_dir` and moves it into place only when the block succeeds, so an error
-    or an interrupt never leaves a half-written `output_dir`.
-    """
-    output_dir = os.path.abspath(output_dir)
-    if os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir)) and not overwrite:
-        raise FileExistsError(f"{output_dir} already exists and is not empty; pass overwrite=True (--overwrite).")
-    parent = os.path.dirname(output_dir)
-    os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output_dir)}.tmp-")
-    try:
-        yield staging
-        # mkdtemp makes a private (0700) folder; the result should get the permissions of an ordinary mkdir.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)
-        if os.path.exists(output_dir):
-            old = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output_dir)}.old-")
-            os.replace(output_dir, os.path.join(old, "previous"))
-            os.replace(staging, output_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, output_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def load_bilm_tf(options_file: str, weight_file: str, progress: bool = False) -> ElmoModel:
@@ -81,17 +50,19 @@ def convert_bilm_tf_to_hf(
     """
     from .model_card import converted_model_card
 
-    model = load_bilm_tf(options_file, weight_file, progress=progress)
-    if vocab_file is not None:
-        bilm_tf.read_vocab(vocab_file)  # fail on a missing file before anything is written
-    tokenizer = ElmoTokenizer(
-        max_characters_per_token=model.config.max_characters_per_token, vocab_file=vocab_file
-    )
     sources = {"options": options_file, "weights": weight_file}
     if vocab_file is not None:
         sources["vocab"] = vocab_file
+    # Before reading gigabytes: an output that may not be written is known at once.
+    check_replaceable_dir(os.path.abspath(output_dir), overwrite, inputs=list(sources.values()))
+    model = load_bilm_tf(options_file, weight_file, progress=progress)
+    if vocab_file is not None:
+        bilm_tf.read_vocab(vocab_file)  # fail on a missing or unusable file before anything is written
+    tokenizer = ElmoTokenizer(
+        max_characters_per_token=model.config.max_characters_per_token, vocab_file=vocab_file
+    )
     checksums = {role: {"file": os.path.basename(path), "sha256": sha256_of(path)} for role, path in sources.items()}
-    with atomic_output_dir(output_dir, overwrite=overwrite) as staging:
+    with atomic_output_dir(output_dir, overwrite=overwrite, inputs=list(sources.values())) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         with open(os.path.join(staging, "bilm_tf_source.json"), "w", encoding="utf-8") as f:
@@ -103,9 +74,11 @@ def convert_bilm_tf_to_hf(
 
 def convert_hf_to_bilm_tf(model_dir: str, output_dir: str, overwrite: bool = False) -> tuple[str, str]:
     """Export a saved `ElmoModel` (or any ELMo head's biLM) as bilm-tf `options.json` + `weights.hdf5`."""
-    model = ElmoModel.from_pretrained(model_dir)
+    check_replaceable_dir(os.path.abspath(output_dir), overwrite, inputs=[model_dir])
+    name, extra = resolve_model(model_dir)  # a mistyped folder fails here, without a Hub request
+    model = ElmoModel.from_pretrained(name, **extra)
     config: ElmoConfig = model.config
-    with atomic_output_dir(output_dir, overwrite=overwrite) as staging:
+    with atomic_output_dir(output_dir, overwrite=overwrite, inputs=[model_dir]) as staging:
         with open(os.path.join(staging, "options.json"), "w", encoding="utf-8") as f:
             json.dump(bilm_tf.options_from_config(config), f, indent=2)
         bilm_tf.write_weights(os.path.join(staging, "weights.hdf5"), model.state_dict(), config)
@@ -120,7 +93,8 @@ def add_convert_arguments(parser) -> None:
                         "saved with the tokenizer for language-model heads.")
     parser.add_argument("--output", required=True, help="folder to write; created atomically (nothing is left "
                         "behind on failure).")
-    parser.add_argument("--overwrite", action="store_true", help="replace --output if it already exists.")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it is a folder this tool wrote "
+                        "(an ELMo model folder or a bilm-tf export); never an input or the current folder.")
     parser.add_argument("--to-bilm-tf", metavar="MODEL_DIR", default=None,
                         help="reverse direction: export the hf_elmo model in MODEL_DIR as options.json + "
                         "weights.hdf5 into --output (then --options/--weights are not used).")

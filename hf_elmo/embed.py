@@ -34,13 +34,16 @@ import json
 import logging
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from itertools import islice
 
 import numpy as np
 import torch
 
+from .model_source import resolve_model
 from .modeling_elmo import ElmoModel
+from .safe_output import OutputError, check_replaceable_file, pid_alive
 from .tokenization_elmo import ElmoTokenizer
 
 
@@ -54,6 +57,10 @@ _LISTED = 20
 
 class EmbedInputError(ValueError):
     """The input text file cannot be embedded as asked (not found, not UTF-8, ...)."""
+
+
+class EmbedOutputError(RuntimeError):
+    """The model produced vectors that must not be written (NaN or infinite values)."""
 
 
 @dataclass
@@ -84,16 +91,6 @@ class _Piece:
     words: list[str]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _partial_path(output_path: str) -> str:
     folder, name = os.path.split(output_path)
     return os.path.join(folder, f".{name}.{os.getpid()}.partial")
@@ -105,7 +102,7 @@ def _remove_stale_partials(output_path: str) -> None:
     pattern = re.compile(rf"^\.{re.escape(name)}\.(\d+)\.partial$")
     for path in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.*.partial")):
         match = pattern.match(os.path.basename(path))
-        if match and int(match.group(1)) != os.getpid() and not _pid_alive(int(match.group(1))):
+        if match and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
             logger.info("Removing %s, left by an interrupted run", path)
             os.remove(path)
 
@@ -141,7 +138,17 @@ def read_lines(handle, path: str):
             ) from None
         if "\0" in text:
             raise EmbedInputError(f"{path}, line {number}: contains a NUL character; expected plain text.")
-        yield number, text.rstrip("\r\n")
+        if number == 1 and text.startswith("\ufeff"):
+            # A byte-order mark (some editors write one) is not text: it would become part of the first word.
+            text = text[1:]
+        text = text.rstrip("\r\n")
+        if "\r" in text:
+            # Lines ended by CR alone (old Mac files) would all be read as one line: refuse rather than guess.
+            raise EmbedInputError(
+                f"{path}, line {number}: contains a carriage return (CR) inside the line; CR-only line endings are "
+                "not supported. Convert them to LF first, e.g. tr '\\r' '\\n' < IN > OUT."
+            )
+        yield number, text
 
 
 def _lines(count: int) -> str:
@@ -154,13 +161,26 @@ def _line_numbers(numbers: list[int], count: int) -> str:
 
 
 def load_model_and_tokenizer(model_name_or_path: str, device: str) -> tuple[ElmoModel, ElmoTokenizer]:
-    """The biLM of any ELMo folder or Hub repo (a head checkpoint gives its biLM), and its tokenizer."""
-    model = ElmoModel.from_pretrained(model_name_or_path).to(device).eval()
-    try:
-        tokenizer = ElmoTokenizer.from_pretrained(model_name_or_path)
-    except (OSError, ValueError):
+    """
+    The biLM of any ELMo folder or Hub repo (a head checkpoint gives its biLM), and its tokenizer. Weights that are
+    missing or not finite, and tokenizer files that exist but cannot be loaded, are errors: either would give
+    wrong vectors without a word.
+    """
+    from transformers.utils import cached_file
+
+    name, extra = resolve_model(model_name_or_path)
+    model = ElmoModel.from_pretrained(name, **extra).to(device).eval()
+    config_file = cached_file(name, "tokenizer_config.json", _raise_exceptions_for_missing_entries=False, **extra)
+    if config_file is None:
         logger.info("%s has no tokenizer files; using the default ElmoTokenizer", model_name_or_path)
-        tokenizer = ElmoTokenizer(max_characters_per_token=model.config.max_characters_per_token)
+        return model, ElmoTokenizer(max_characters_per_token=model.config.max_characters_per_token)
+    try:
+        tokenizer = ElmoTokenizer.from_pretrained(name, **extra)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise EmbedInputError(
+            f"{config_file}: the model's tokenizer files cannot be loaded ({' '.join(str(error).split())}); fix or "
+            "remove them (without them the default ElmoTokenizer is used)."
+        ) from None
     return model, tokenizer
 
 
@@ -193,15 +213,19 @@ def embed_file(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     output_path = os.path.abspath(output_path)
-    if os.path.isdir(output_path):
-        raise FileExistsError(f"{output_path} is a directory; give a file name for the HDF5 output.")
-    if os.path.exists(output_path) and not overwrite:
-        raise FileExistsError(f"{output_path} already exists; pass overwrite=True (--overwrite) to replace it.")
+    check_replaceable_file(output_path, overwrite, inputs=[input_path])
     handle = open_input(input_path)
     total = count_lines(input_path) if os.path.isfile(input_path) else None
     lines = read_lines(handle, input_path)
-    os.makedirs(os.path.dirname(output_path), exist_ok=True)
-    _remove_stale_partials(output_path)
+    try:
+        os.makedirs(os.path.dirname(output_path), exist_ok=True)
+        _remove_stale_partials(output_path)
+        # Created here first: h5py reports a folder that cannot be written in a long message of its own.
+        with open(_partial_path(output_path), "wb"):
+            pass
+    except OSError as error:
+        handle.close()
+        raise OutputError(f"cannot write {output_path}: {error.strerror or error}.") from None
 
     config = model.config
     dtype = np.float16 if float16 else np.float32
@@ -215,8 +239,10 @@ def embed_file(
                 if not chunk:
                     break
                 pieces = []
-                for number, text in chunk:
-                    words = text.split() if tokenized else tokenizer.tokenize(text)
+                split = [(number, text, text.split() if tokenized else tokenizer.tokenize(text))
+                         for number, text in chunk]
+                _check_space(partial, output_path, split, layers, config, dtype)
+                for number, text, words in split:
                     key = str(number - 1)
                     dataset = out.create_dataset(key, shape=_dataset_shape(layers, config, len(words)), dtype=dtype)
                     dataset.attrs["line_number"] = number
@@ -276,6 +302,34 @@ def embed_file(
     return summary
 
 
+def _check_space(partial: str, output_path: str, lines, layers: str, config, dtype) -> None:
+    """
+    Refuse to start a window that would not fit on the disk (or under the process's file-size limit). HDF5 cannot
+    report a failed write cleanly: it fails later while freeing its objects, with thousands of "Exception ignored"
+    lines and possibly a crash, so running out of space must be caught before it happens.
+    """
+    per_word = (config.num_lstm_layers + 1 if layers == "all" else 1) * config.hidden_size * np.dtype(dtype).itemsize
+    # Vectors, plus the text and word attributes and a generous allowance for HDF5's own structures per dataset.
+    needed = sum(len(words) * per_word + 2 * len(text.encode()) + 4096 for _, text, words in lines) + (1 << 20)
+    written = os.path.getsize(partial) if os.path.exists(partial) else 0
+    free = shutil.disk_usage(os.path.dirname(partial)).free
+    try:
+        import resource
+    except ImportError:  # Windows: no per-process file-size limit
+        resource = None
+    if resource is not None:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            free = min(free, limit - written)
+    if needed > free:
+        first, last = lines[0][0], lines[-1][0]
+        raise OutputError(
+            f"{output_path}: not enough space to write lines {first}-{last} (about {needed / 1e6:.1f} MB needed, "
+            f"{max(free, 0) / 1e6:.1f} MB available); nothing was written. Free some space or write elsewhere "
+            "(--top or --float16 make the output smaller)."
+        )
+
+
 def _dataset_shape(layers: str, config, num_words: int) -> tuple[int, ...]:
     if layers == "all":
         return (config.num_lstm_layers + 1, num_words, config.hidden_size)
@@ -296,6 +350,13 @@ def _embed_batch(model, tokenizer, pieces: list[_Piece], layers: str, out, dtype
         stacked = torch.stack(output.hidden_states, dim=1)  # (batch, L + 1, words, H)
         vectors = stacked if layers == "all" else stacked.mean(dim=1)
     vectors = vectors.float().cpu().numpy()
+    word_axis = 2 if layers == "all" else 1
+    for row, piece in enumerate(pieces):
+        own = vectors[row, :, : len(piece.words)] if word_axis == 2 else vectors[row, : len(piece.words)]
+        if not np.isfinite(own).all():
+            raise EmbedOutputError(
+                f"the model gave NaN or infinite vectors for line {int(piece.key) + 1}; no output was written."
+            )
     for row, piece in enumerate(pieces):
         n, span = len(piece.words), slice(piece.start, piece.start + len(piece.words))
         if layers == "all":

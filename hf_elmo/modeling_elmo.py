@@ -32,6 +32,7 @@ from .configuration_elmo import (
     word_to_char_ids,
 )
 from .log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
+from .weight_checks import from_pretrained_checked
 
 
 logger = logging.get_logger(__name__)
@@ -284,6 +285,17 @@ class ElmoPreTrainedModel(PreTrainedModel):
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
     _no_split_modules = ["ElmoCharacterEncoder", "ElmoLstmLayer"]
+    # A pretraining checkpoint holds the LM softmax; every other class rightly leaves it unread.
+    _keys_to_ignore_on_load_unexpected = [r"^softmax\."]
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """
+        `PreTrainedModel.from_pretrained`, refusing weights the model must not run with: a NaN or infinite value, or
+        a biLM weight the checkpoint lacks (Transformers would initialise it at random and only warn). The error
+        names the tensor; see `weight_checks.py`.
+        """
+        return from_pretrained_checked(super().from_pretrained, *args, **kwargs)
 
     def _init_weights(self, module):
         super()._init_weights(module)

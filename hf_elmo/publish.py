@@ -21,12 +21,14 @@ import tempfile
 from dataclasses import dataclass
 
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, constants, get_token
-from huggingface_hub.errors import OfflineModeIsEnabled
+from huggingface_hub.errors import HFValidationError, OfflineModeIsEnabled
+from huggingface_hub.utils import validate_repo_id
 
 from . import modeling_elmo
 from .configuration_elmo import ElmoConfig
 from .model_card import elmo_model_card
 from .tokenization_elmo import ElmoTokenizer
+from .weight_checks import WeightCheckError
 
 
 logger = logging.getLogger(__name__)
@@ -53,17 +55,34 @@ class PreparedFolder:
     card_path: str
 
 
+def check_repo_id(repo_id: str) -> None:
+    """`owner/name`, as huggingface_hub's own validator accepts it (the id is also written into the model card)."""
+    try:
+        if not isinstance(repo_id, str) or repo_id.count("/") != 1:
+            raise HFValidationError("it must have the form owner/name")
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise PublishError(f"{repo_id!r} is not a valid Hub repository id: {' '.join(str(error).split())}") from None
+
+
 def _load(model_dir: str):
     config_file = os.path.join(model_dir, "config.json")
     if not os.path.isfile(config_file):
         raise PublishError(
             f"{model_dir}: no config.json; expected a folder written by save_pretrained or hf-elmo convert."
         )
-    with open(config_file, encoding="utf-8") as f:
-        model_type = json.load(f).get("model_type")
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            content = json.load(f)
+    except (ValueError, OSError) as error:
+        raise PublishError(f"{config_file}: not a readable JSON file ({error}).") from None
+    model_type = content.get("model_type") if isinstance(content, dict) else None
     if model_type != ElmoConfig.model_type:
         raise PublishError(f"{config_file}: model_type is {model_type!r}, expected 'elmo'.")
-    config = ElmoConfig.from_pretrained(model_dir)
+    try:
+        config = ElmoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError, TypeError) as error:
+        raise PublishError(f"{config_file}: not a usable ELMo config ({' '.join(str(error).split())}).") from None
     architecture = (config.architectures or ["ElmoModel"])[0]
     model_class = getattr(modeling_elmo, architecture, None)
     if model_class is None:
@@ -71,9 +90,20 @@ def _load(model_dir: str):
             f"{config_file}: architecture {architecture!r} is not a class of this hf_elmo version "
             f"(hf_elmo.modeling_elmo has no {architecture})."
         )
-    model = model_class.from_pretrained(model_dir)
+    try:
+        # Missing or non-finite weights would be uploaded as invented or NaN values: refuse them.
+        model = model_class.from_pretrained(model_dir)
+    except WeightCheckError as error:
+        raise PublishError(str(error)) from None
+    except Exception as error:  # noqa: BLE001 - safetensors, torch and Transformers each raise their own types
+        raise PublishError(f"{model_dir}: the weights cannot be loaded ({' '.join(str(error).split())}).") from None
     if os.path.isfile(os.path.join(model_dir, "tokenizer_config.json")):
-        tokenizer = ElmoTokenizer.from_pretrained(model_dir)
+        try:
+            tokenizer = ElmoTokenizer.from_pretrained(model_dir)
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            raise PublishError(
+                f"{model_dir}: the tokenizer files cannot be loaded ({' '.join(str(error).split())})."
+            ) from None
     else:
         logger.info("%s has no tokenizer files; publishing the default ElmoTokenizer", model_dir)
         tokenizer = ElmoTokenizer(max_characters_per_token=config.max_characters_per_token)
@@ -149,6 +179,7 @@ def publish(
     Returns `(PreparedFolder, CommitInfo)`; with `dry_run`, nothing touches the network, the prepared folder is
     kept and the CommitInfo is None.
     """
+    check_repo_id(repo_id)
     if not dry_run:
         # Checked before the (possibly long) preparation, so that the user hears at once.
         if constants.is_offline_mode():

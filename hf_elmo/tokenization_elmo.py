@@ -127,7 +127,8 @@ def _load_word_vocab(path) -> list[str]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"ElmoTokenizer: the vocabulary file {path!r} does not exist (or is not a file).")
     try:
-        with open(path, encoding="utf-8") as handle:
+        # utf-8-sig: a byte-order mark (some editors write one) must not become part of the first word.
+        with open(path, encoding="utf-8-sig") as handle:
             # One word per line, surrounding whitespace stripped, as bilm-tf reads it.
             words = [line.strip() for line in handle]
     except UnicodeDecodeError as err:

@@ -38,7 +38,7 @@ def test_presets_have_the_published_shapes():
         ({"n_highway": -1}, "n_highway must be an integer >= 0"),
         ({"char_filters": [[1, 32], [2]]}, r"char_filters must be a non-empty list of \[width, n_filters\]"),
         ({"char_filters": [[60, 4]]}, "filter of width 60, wider than max_characters_per_token=50"),
-        ({"cell_clip": -3}, "cell_clip must be positive or None"),
+        ({"cell_clip": -3}, "cell_clip must be a positive finite number or None"),
         ({"num_lstm_layers": 1.5}, "num_lstm_layers must be a positive integer"),
     ],
 )

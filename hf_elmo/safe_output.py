@@ -1,0 +1,218 @@
+"""Writing outputs without losing data: what `--overwrite` may replace, and folders that appear whole or not at all.
+
+- `--overwrite` replaces only what hf_elmo writes: an ELMo model folder (`config.json` with `model_type` "elmo"),
+  a bilm-tf export (`options.json` + `weights.hdf5`, optionally `vocab.txt`, nothing else), an empty folder, or an
+  `hf-elmo embed` HDF5 file. Never one of the command's inputs, a folder holding one, or the current folder.
+- A folder is written into a hidden `.NAME.tmp-PID-*` beside it and renamed into place at the end. Replacing a
+  previous folder takes two renames (old aside to `.NAME.old-PID-*/previous`, new in); SIGINT and SIGTERM are held
+  back during them, and a run killed in between (SIGKILL) is repaired by the next run to the same output, which
+  puts the previous folder back. Leftovers of killed runs (their process is gone) are removed by later runs.
+"""
+
+import contextlib
+import glob
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import tempfile
+
+
+logger = logging.getLogger(__name__)
+
+BILM_TF_EXPORT_FILES = {"options.json", "weights.hdf5", "vocab.txt"}
+
+
+class OutputError(OSError):
+    """An output that cannot be written, or may not be replaced, as asked."""
+
+
+def os_error_line(error: OSError) -> str:
+    """One line for an OSError from writing output (no errno prefix, the path named once)."""
+    if isinstance(error, OutputError) or not error.strerror:
+        return " ".join(str(error).split())
+    where = error.filename if error.filename is not None else "output"
+    return f"cannot write {where}: {error.strerror}."
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _within(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or inside it (both resolved through symlinks)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_not_an_input(output: str, inputs) -> None:
+    """Refuse an output that is, or contains, one of `inputs` or the current folder."""
+    for source in [p for p in inputs if p]:
+        if _within(source, output):
+            raise OutputError(
+                f"{output}: is {'the input' if _within(output, source) else 'a folder holding the input'} {source}; "
+                "writing there would destroy it. Choose another output."
+            )
+    if _within(os.getcwd(), output):
+        raise OutputError(f"{output}: is the current folder (or holds it); choose another output.")
+
+
+def _is_our_model_folder(folder: str, names: list[str]) -> bool:
+    if "config.json" in names:
+        try:
+            with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+                return json.load(f).get("model_type") == "elmo"
+        except (OSError, ValueError, AttributeError):
+            return False
+    return {"options.json", "weights.hdf5"} <= set(names) <= BILM_TF_EXPORT_FILES
+
+
+def check_replaceable_dir(output_dir: str, overwrite: bool, inputs=()) -> None:
+    """Raise unless `output_dir` may be (over)written: absent, empty, or with `overwrite` a folder hf_elmo wrote."""
+    check_not_an_input(output_dir, inputs)
+    if not os.path.lexists(output_dir):
+        return
+    if not os.path.isdir(output_dir) or os.path.islink(output_dir):
+        raise OutputError(f"{output_dir}: exists and is not a folder; remove it or choose another output.")
+    names = os.listdir(output_dir)
+    if not names:
+        return
+    if not overwrite:
+        raise FileExistsError(f"{output_dir} already exists and is not empty; pass overwrite=True (--overwrite).")
+    if not _is_our_model_folder(output_dir, names):
+        shown = ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")
+        raise OutputError(
+            f"{output_dir}: --overwrite only replaces a folder hf_elmo wrote (an ELMo model folder or a bilm-tf "
+            f"export), and this one holds other files ({shown}). Remove it yourself or choose another output."
+        )
+
+
+def _stale(parent: str, name: str, kind: str) -> list[str]:
+    """Hidden `.NAME.KIND-PID-*` entries of runs whose process is gone."""
+    pattern = re.compile(rf"^\.{re.escape(name)}\.{kind}-(\d+)-")
+    found = []
+    for path in glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(name)}.{kind}-*")):
+        match = pattern.match(os.path.basename(path))
+        if match and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
+            found.append(path)
+    return sorted(found)
+
+
+def recover_interrupted(output_dir: str) -> None:
+    """Undo what killed runs left beside `output_dir`: put back a hidden previous folder, remove staging folders."""
+    parent, name = os.path.split(output_dir)
+    for old in _stale(parent, name, "old"):
+        previous = os.path.join(old, "previous")
+        if os.path.isdir(previous) and not os.path.lexists(output_dir):
+            os.replace(previous, output_dir)
+            logger.warning("Restored %s, which an interrupted run had moved aside to %s", output_dir, previous)
+        shutil.rmtree(old, ignore_errors=True)
+    for staging in _stale(parent, name, "tmp"):
+        logger.info("Removing %s, left by an interrupted run", staging)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT/SIGTERM wait until the block is done (delivered right after), so that it is never cut in two."""
+    if not hasattr(signal, "pthread_sigmask"):  # not on Windows: the next run's recovery has to do
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _normal_permissions(folder: str) -> None:
+    """What a plain mkdir/open would give under the umask: mkdtemp makes 0700, safetensors writes 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder, 0o777 & ~umask)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~umask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~umask)
+
+
+@contextlib.contextmanager
+def atomic_output_dir(output_dir: str, overwrite: bool = False, inputs=()):
+    """
+    Yields a hidden temporary folder beside `output_dir`, moved into place only when the block succeeds: an error
+    or an interrupt never leaves a half-written `output_dir`, and `overwrite` replaces only a folder that
+    `check_replaceable_dir` accepts (never one of `inputs`).
+    """
+    output_dir = os.path.abspath(output_dir)
+    parent, name = os.path.split(output_dir)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        recover_interrupted(output_dir)
+    except OSError as error:
+        # makedirs says "File exists" when a parent is a file: name the real problem.
+        reason = "Not a directory" if os.path.isfile(parent) or isinstance(error, NotADirectoryError) else error.strerror
+        raise OutputError(f"cannot write {output_dir}: {reason or error}.") from None
+    check_replaceable_dir(output_dir, overwrite, inputs)
+    try:
+        staging = tempfile.mkdtemp(dir=parent, prefix=f".{name}.tmp-{os.getpid()}-")
+    except OSError as error:
+        raise OutputError(f"cannot write {output_dir}: {error.strerror or error}.") from None
+    old = None
+    try:
+        yield staging
+        _normal_permissions(staging)
+        with _signals_held():
+            if os.path.lexists(output_dir):
+                old = tempfile.mkdtemp(dir=parent, prefix=f".{name}.old-{os.getpid()}-")
+                os.replace(output_dir, os.path.join(old, "previous"))
+                os.replace(staging, output_dir)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(staging, output_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if old is not None and os.path.isdir(os.path.join(old, "previous")) and not os.path.lexists(output_dir):
+            os.replace(os.path.join(old, "previous"), output_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        raise
+
+
+def check_replaceable_file(output_path: str, overwrite: bool, inputs=()) -> None:
+    """Raise unless `output_path` is absent, or with `overwrite` an `hf-elmo embed` HDF5 file that is not an input."""
+    for source in [p for p in inputs if p]:
+        if os.path.lexists(output_path) and os.path.exists(source) and os.path.samefile(source, output_path):
+            raise OutputError(f"{output_path}: is the input {source}; writing there would destroy it.")
+    if os.path.isdir(output_path):
+        raise FileExistsError(f"{output_path} is a directory; give a file name for the HDF5 output.")
+    if not os.path.lexists(output_path):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{output_path} already exists; pass overwrite=True (--overwrite) to replace it.")
+    if not _is_our_hdf5(output_path):
+        raise OutputError(
+            f"{output_path}: --overwrite only replaces an HDF5 file written by hf-elmo embed, and this is not one. "
+            "Remove it yourself or choose another output."
+        )
+
+
+def _is_our_hdf5(path: str) -> bool:
+    import h5py
+
+    try:
+        if not h5py.is_hdf5(path):
+            return False
+        with h5py.File(path, "r") as f:
+            return "format_version" in f.attrs and "layers" in f.attrs and "num_lines" in f.attrs
+    except OSError:
+        return False

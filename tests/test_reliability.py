@@ -1,0 +1,491 @@
+"""Issue 11: no data loss, no hangs, no silent wrong output. Real files, real CLI runs, a real (silent) TCP server."""
+
+import json
+import math
+import os
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import h5py
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hf_elmo import ElmoModel
+from hf_elmo.cli import main
+from hf_elmo.model_source import looks_like_repo_id
+from hf_elmo.publish import PublishError, publish
+from hf_elmo.weight_checks import WeightCheckError, check_finite
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAN_KEY = "bilstm.forward_layers.0.input_proj.weight"
+
+
+def error_line(capsys) -> str:
+    """The whole stderr, which must be exactly one `error: ...` line."""
+    # Transformers' own progress bars ("Loading weights", "Writing model shards") aside.
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "%|" not in line]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def listing(folder) -> dict:
+    """Every file under `folder` (hidden ones too) with its bytes."""
+    found = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            found[os.path.relpath(path, folder)] = open(path, "rb").read()
+    return found
+
+
+@pytest.fixture
+def model_copy(converted_dir, tmp_path):
+    target = tmp_path / "model"
+    shutil.copytree(converted_dir, target)
+    return target
+
+
+def convert_args(elmo_fixture, output, *extra, options=None, weights=None):
+    return ["convert", "--options", str(options or elmo_fixture / "options.json"), "--weights",
+            str(weights or elmo_fixture / "lm_weights.hdf5"), "--output", str(output), "--no-progress", *extra]
+
+
+# ------------------------------------------------------------------------------------------ --overwrite, data loss
+def test_convert_overwrite_replaces_only_a_folder_it_wrote(elmo_fixture, model_copy, tmp_path, capsys):
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "holiday.jpg").write_bytes(b"precious")
+    assert main(convert_args(elmo_fixture, foreign, "--overwrite")) == 2
+    assert error_line(capsys) == (
+        f"error: {foreign}: --overwrite only replaces a folder hf_elmo wrote (an ELMo model folder or a bilm-tf "
+        "export), and this one holds other files (holiday.jpg). Remove it yourself or choose another output."
+    )
+    assert listing(foreign) == {"holiday.jpg": b"precious"}
+    # A model folder it wrote is replaced, with nothing hidden left beside it.
+    (model_copy / "model.safetensors").write_bytes(b"old")
+    assert main(convert_args(elmo_fixture, model_copy, "--overwrite")) == 0
+    assert (model_copy / "model.safetensors").read_bytes() != b"old"
+    assert sorted(os.listdir(tmp_path)) == ["model", "photos"]
+
+
+def test_convert_overwrite_never_replaces_the_current_folder(elmo_fixture, tmp_path, monkeypatch, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    assert main(convert_args(elmo_fixture, ".", "--overwrite")) == 2
+    assert error_line(capsys) == f"error: {tmp_path}: is the current folder (or holds it); choose another output."
+    assert listing(tmp_path) == {"notes.txt": b"mine"}
+
+
+def test_convert_in_place_never_destroys_its_sources(elmo_fixture, tmp_path, capsys):
+    for name in ("options.json", "lm_weights.hdf5"):
+        shutil.copy(elmo_fixture / name, tmp_path / name)
+    before = listing(tmp_path)
+    args = convert_args(elmo_fixture, tmp_path, "--overwrite", options=tmp_path / "options.json",
+                        weights=tmp_path / "lm_weights.hdf5")
+    assert main(args) == 2
+    assert error_line(capsys) == (
+        f"error: {tmp_path}: is a folder holding the input {tmp_path / 'options.json'}; writing there would destroy "
+        "it. Choose another output."
+    )
+    assert listing(tmp_path) == before
+
+
+def test_export_in_place_never_destroys_the_model(model_copy, capsys):
+    before = listing(model_copy)
+    assert main(["convert", "--to-bilm-tf", str(model_copy), "--output", str(model_copy), "--overwrite"]) == 2
+    assert error_line(capsys) == (
+        f"error: {model_copy}: is the input {model_copy}; writing there would destroy it. Choose another output."
+    )
+    assert listing(model_copy) == before
+
+
+def test_embed_overwrite_never_replaces_its_input_or_a_foreign_file(converted_dir, tmp_path, capsys):
+    text = tmp_path / "in.txt"
+    text.write_text("a b c\n")
+    assert main(["embed", str(text), str(text), "--model", str(converted_dir), "--overwrite", "--no-progress"]) == 2
+    assert error_line(capsys) == f"error: {text}: is the input {text}; writing there would destroy it."
+    assert text.read_text() == "a b c\n"
+    other = tmp_path / "other.hdf5"
+    other.write_bytes(b"not ours")
+    assert main(["embed", str(text), str(other), "--model", str(converted_dir), "--overwrite", "--no-progress"]) == 2
+    assert "only replaces an HDF5 file written by hf-elmo embed, and this is not one" in error_line(capsys)
+    assert other.read_bytes() == b"not ours"
+    # Its own output is replaced.
+    ours = tmp_path / "ours.hdf5"
+    for _ in range(2):
+        assert main(["embed", str(text), str(ours), "--model", str(converted_dir), "--overwrite", "--no-progress"]) == 0
+    with h5py.File(ours) as f:
+        assert f.attrs["num_lines"] == 1
+
+
+# ------------------------------------------------------------------------------------------ hidden leftovers
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped): what a SIGKILLed run leaves in its file names."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_leftovers_of_killed_runs_are_cleaned_and_a_hidden_previous_model_is_restored(elmo_fixture, model_copy,
+                                                                                   tmp_path, capsys):
+    pid = dead_pid()
+    # What a run SIGKILLed while writing leaves: its staging folder ...
+    staging = tmp_path / f".model.tmp-{pid}-abc123"
+    staging.mkdir()
+    (staging / "model.safetensors").write_bytes(b"half")
+    # ... and, killed between its two renames, the previous model moved aside with nothing in its place.
+    previous = listing(model_copy)
+    aside = tmp_path / f".model.old-{pid}-def456"
+    aside.mkdir()
+    os.replace(model_copy, aside / "previous")
+    assert main(convert_args(elmo_fixture, model_copy)) == 2  # the restored model is not replaced without --overwrite
+    assert "already exists and is not empty; pass overwrite=True (--overwrite)." in error_line(capsys)
+    assert sorted(os.listdir(tmp_path)) == ["model"]
+    assert listing(model_copy) == previous
+
+
+def test_model_safetensors_gets_normal_permissions(elmo_fixture, tmp_path):
+    umask = os.umask(0o022)
+    try:
+        assert main(convert_args(elmo_fixture, tmp_path / "elmo")) == 0
+    finally:
+        os.umask(umask)
+    modes = {name: os.stat(tmp_path / "elmo" / name).st_mode & 0o777 for name in os.listdir(tmp_path / "elmo")}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}
+    assert os.stat(tmp_path / "elmo").st_mode & 0o777 == 0o755
+
+
+# ------------------------------------------------------------------------------------------ write faults
+def test_embed_with_too_little_space_is_one_line_without_a_crash(converted_dir, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("the quick brown fox jumps over the lazy dog\n" * 3000)
+    # What a nearly full disk looks like to the process: files cannot grow past 1 MB. Before the fix, HDF5's failed
+    # writes printed ~22,000 "Exception ignored" lines and the process segfaulted.
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, limits[1]))
+    try:
+        rc = main(["embed", str(source), str(tmp_path / "out.hdf5"), "--model", str(converted_dir), "--tokenized",
+                   "--no-progress"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert rc == 2
+    assert error_line(capsys) == (
+        f"error: {tmp_path / 'out.hdf5'}: not enough space to write lines 1-2048 (about 16.7 MB needed, 1.0 MB "
+        "available); nothing was written. Free some space or write elsewhere (--top or --float16 make the output "
+        "smaller)."
+    )
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_unwritable_output_is_one_line(elmo_fixture, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(convert_args(elmo_fixture, tmp_path / "file" / "elmo")) == 2
+    assert error_line(capsys) == f"error: cannot write {tmp_path / 'file' / 'elmo'}: Not a directory."
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="permissions do not stop root")
+def test_read_only_output_folder_is_one_line(elmo_fixture, converted_dir, tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "in.txt").write_text("a b\n")
+    locked.chmod(0o555)
+    try:
+        assert main(convert_args(elmo_fixture, locked / "elmo")) == 2
+        assert error_line(capsys) == f"error: cannot write {locked / 'elmo'}: Permission denied."
+        assert main(["embed", str(locked / "in.txt"), str(locked / "out.hdf5"), "--model", str(converted_dir),
+                     "--no-progress"]) == 2
+        assert "Permission denied" in error_line(capsys)
+    finally:
+        locked.chmod(0o755)
+
+
+# ------------------------------------------------------------------------------------------ weights
+def poison(folder, key=NAN_KEY, value=math.nan):
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    tensors[key][0, 0] = value
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_check_finite_names_the_tensor():
+    weights = {"a": torch.zeros(3), "b": torch.tensor([1.0, math.inf, math.nan]), "ids": torch.arange(3)}
+    with pytest.raises(WeightCheckError) as info:
+        check_finite(weights, "here")
+    assert str(info.value) == (
+        "here: weight 'b' holds 2 NaN or infinite values (of 3); the model would compute NaN. The file is damaged or "
+        "came from a diverged run."
+    )
+    check_finite({"a": torch.zeros(3), "m": torch.empty(3, device="meta")}, "here")
+
+
+def test_nan_weights_are_refused_by_every_entry_point(model_copy, tmp_path, capsys):
+    poison(model_copy)
+    expected = (f"{model_copy}: weight '{NAN_KEY}' holds 1 NaN or infinite value (of 4096); the model would compute "
+                "NaN. The file is damaged or came from a diverged run.")
+    with pytest.raises(WeightCheckError) as info:
+        ElmoModel.from_pretrained(str(model_copy))
+    assert str(info.value) == expected
+    text = tmp_path / "in.txt"
+    text.write_text("a b\n")
+    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", str(model_copy), "--no-progress"]) == 2
+    assert error_line(capsys) == f"error: {expected}"
+    assert main(["convert", "--to-bilm-tf", str(model_copy), "--output", str(tmp_path / "back")]) == 2
+    assert error_line(capsys) == f"error: {expected}"
+    with pytest.raises(PublishError) as info:
+        publish(str(model_copy), "someone/elmo", dry_run=True)
+    assert str(info.value) == expected
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "model"]
+
+
+@pytest.mark.parametrize("damage", ["missing tensor", "more layers"])
+def test_weights_not_in_the_checkpoint_are_an_error(model_copy, damage, tmp_path):
+    if damage == "missing tensor":
+        tensors = load_file(model_copy / "model.safetensors")
+        del tensors["bilstm.backward_layers.1.recurrent_proj.weight"]
+        save_file(tensors, model_copy / "model.safetensors", metadata={"format": "pt"})
+        expected = ("biLM weight 'bilstm.backward_layers.1.recurrent_proj.weight' is not in the checkpoint and would "
+                    "be randomly initialised.")
+    else:
+        config = json.loads((model_copy / "config.json").read_text())
+        config["num_lstm_layers"] = 3
+        (model_copy / "config.json").write_text(json.dumps(config))
+        expected = ("biLM weights 'bilstm.backward_layers.2.input_proj.bias', "
+                    "'bilstm.backward_layers.2.input_proj.weight', 'bilstm.backward_layers.2.output_proj.weight' and "
+                    "5 more are not in the checkpoint and would be randomly initialised.")
+    tail = (" The weight file is incomplete or config.json does not match it (e.g. more num_lstm_layers or n_highway "
+            "than were saved).")
+    with pytest.raises(WeightCheckError) as info:
+        ElmoModel.from_pretrained(str(model_copy))
+    assert str(info.value) == f"{model_copy}: {expected}{tail}"
+    with pytest.raises(PublishError) as info:
+        publish(str(model_copy), "someone/elmo", dry_run=True)
+    assert str(info.value) == f"{model_copy}: {expected}{tail}"
+
+
+def test_a_head_may_start_from_a_bilm_checkpoint(converted_dir):
+    from hf_elmo import ElmoForTokenClassification
+
+    model, info = ElmoForTokenClassification.from_pretrained(str(converted_dir), num_labels=3,
+                                                             output_loading_info=True)
+    assert info["missing_keys"] == {"classifier.weight", "classifier.bias", "encoder.mix.gamma",
+                                    "encoder.mix.scalar_weights"}
+    # The checked override takes the path as a keyword too, as `PreTrainedModel.from_pretrained` does.
+    model = ElmoModel.from_pretrained(pretrained_model_name_or_path=str(converted_dir))
+    assert isinstance(model, ElmoModel)
+
+
+def test_embed_refuses_nan_vectors_even_from_finite_weights(model_copy, tmp_path, capsys):
+    text = tmp_path / "in.txt"
+    text.write_text("fine\nthe quick brown fox\n")
+    tensors = load_file(model_copy / "model.safetensors")
+    tensors["char_encoder.projection.weight"].fill_(3e38)  # finite, but the products overflow
+    save_file(tensors, model_copy / "model.safetensors", metadata={"format": "pt"})
+    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", str(model_copy), "--no-progress"]) == 2
+    assert error_line(capsys) == "error: the model gave NaN or infinite vectors for line 1; no output was written."
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "model"]
+
+
+# ------------------------------------------------------------------------------------------ converter input
+def write_options(tmp_path, elmo_fixture, change):
+    options = json.loads((elmo_fixture / "options.json").read_text())
+    change(options)
+    path = tmp_path / "options.json"
+    path.write_text(json.dumps(options))
+    return path
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda o: o["lstm"].update(n_layers=1), "holds weights the options leave out "
+         "(RNN_0/RNN/MultiRNNCell/Cell1/LSTMCell/B, RNN_0/RNN/MultiRNNCell/Cell1/LSTMCell/W_0, "
+         "RNN_0/RNN/MultiRNNCell/Cell1/LSTMCell/W_P_0, RNN_1/RNN/MultiRNNCell/Cell1/LSTMCell/B and 2 more); converting "
+         "would drop them. Make the options match the weights (lstm.n_layers, char_cnn.n_highway, char_cnn.filters)."),
+        (lambda o: o["char_cnn"].update(n_highway=1), "holds weights the options leave out (CNN_high_1/W_carry, "
+         "CNN_high_1/W_transform, CNN_high_1/b_carry, CNN_high_1/b_transform); converting would drop them. Make the "
+         "options match the weights (lstm.n_layers, char_cnn.n_highway, char_cnn.filters)."),
+    ],
+)
+def test_converter_refuses_to_truncate(elmo_fixture, tmp_path, capsys, change, message):
+    options = write_options(tmp_path, elmo_fixture, change)
+    assert main(convert_args(elmo_fixture, tmp_path / "out", options=options)) == 2
+    assert error_line(capsys) == f"error: {elmo_fixture / 'lm_weights.hdf5'}: {message}"
+    assert sorted(os.listdir(tmp_path)) == ["options.json"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda o: o.pop("lstm"), "'lstm' must be a JSON object (section), but it is missing."),
+        (lambda o: o["char_cnn"].update(embedding=4),
+         "'char_cnn.embedding' must be an object such as {\"dim\": 16}, got 4."),
+        (lambda o: o["lstm"].pop("dim"), "missing required key 'lstm.dim'."),
+        (lambda o: o["lstm"].update(cell_clip=math.nan),
+         "ElmoConfig.cell_clip must be a positive finite number or None (no clipping), got nan."),
+    ],
+)
+def test_malformed_options_are_one_line(elmo_fixture, tmp_path, capsys, change, message):
+    options = write_options(tmp_path, elmo_fixture, change)
+    assert main(convert_args(elmo_fixture, tmp_path / "out", options=options)) == 2
+    assert error_line(capsys) == f"error: {options}: {message}"
+
+
+def test_vocabulary_without_the_special_words_is_one_line_and_a_bom_is_not_a_word(elmo_fixture, tmp_path, capsys):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("the\nof\n")
+    assert main(convert_args(elmo_fixture, tmp_path / "out", "--vocab", str(vocab))) == 2
+    assert error_line(capsys) == (f"error: {vocab}: vocabulary lacks <S>, </S>, <UNK>; a bilm-tf vocabulary lists one "
+                                  "word per line with <S>, </S> and <UNK> among them.")
+    vocab.write_bytes("\ufeff<S>\n</S>\n<UNK>\nthe\n".encode())
+    assert main(convert_args(elmo_fixture, tmp_path / "out", "--vocab", str(vocab))) == 0
+    assert (tmp_path / "out" / "vocab.txt").read_text().splitlines() == ["<S>", "</S>", "<UNK>", "the"]
+
+
+# ------------------------------------------------------------------------------------------ embed input
+def test_embed_ignores_a_bom_and_refuses_cr_only_line_endings(converted_dir, tmp_path, capsys):
+    text = tmp_path / "bom.txt"
+    text.write_bytes("\ufeffHello world\n".encode())
+    assert main(["embed", str(text), str(tmp_path / "bom.hdf5"), "--model", str(converted_dir), "--no-progress"]) == 0
+    with h5py.File(tmp_path / "bom.hdf5") as f:
+        assert json.loads(f["0"].attrs["words"]) == ["Hello", "world"] and f["0"].attrs["text"] == "Hello world"
+    mac = tmp_path / "mac.txt"
+    mac.write_bytes(b"first line\rsecond line\r")
+    assert main(["embed", str(mac), str(tmp_path / "mac.hdf5"), "--model", str(converted_dir), "--no-progress"]) == 2
+    assert error_line(capsys) == (
+        f"error: {mac}, line 1: contains a carriage return (CR) inside the line; CR-only line endings are not "
+        "supported. Convert them to LF first, e.g. tr '\\r' '\\n' < IN > OUT."
+    )
+    assert not (tmp_path / "mac.hdf5").exists()
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"tokenizer_class": "ElmoTokenizer",
+                                                               "pre_tokenizer": "nonsense"})])
+def test_embed_refuses_unusable_tokenizer_files_instead_of_the_default_splitter(model_copy, tmp_path, capsys,
+                                                                              content):
+    (model_copy / "tokenizer_config.json").write_text(content)
+    text = tmp_path / "in.txt"
+    text.write_text("don't stop\n")
+    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", str(model_copy), "--no-progress"]) == 2
+    line = error_line(capsys)
+    assert line.startswith(f"error: {model_copy / 'tokenizer_config.json'}: the model's tokenizer files cannot be "
+                           "loaded (")
+    assert line.endswith("); fix or remove them (without them the default ElmoTokenizer is used).")
+    assert not (tmp_path / "out.hdf5").exists()
+
+
+# ------------------------------------------------------------------------------------------ publish input
+@pytest.mark.parametrize("repo_id", ["", "noslash", "a/b/c", "../../etc/passwd", "bad id/with space"])
+def test_publish_validates_the_repo_id_even_in_a_dry_run(converted_dir, repo_id):
+    with pytest.raises(PublishError, match=rf"^{__import__('re').escape(repr(repo_id))} is not a valid Hub "
+                       "repository id: "):
+        publish(str(converted_dir), repo_id, dry_run=True)
+
+
+def test_publish_of_a_broken_folder_is_one_line(model_copy, capsys):
+    (model_copy / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
+    assert main(["publish", str(model_copy), "--repo-id", "someone/elmo", "--dry-run"]) == 2
+    assert error_line(capsys).startswith(f"error: {model_copy}: the weights cannot be loaded (")
+    (model_copy / "config.json").write_text("{broken")
+    assert main(["publish", str(model_copy), "--repo-id", "someone/elmo", "--dry-run"]) == 2
+    assert error_line(capsys).startswith(f"error: {model_copy / 'config.json'}: not a readable JSON file (")
+
+
+# ------------------------------------------------------------------------------------------ the Hub
+class SilentHub:
+    """A TCP server that accepts every connection and never answers: a Hub that hangs. Counts connections."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.connections = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while True:
+            try:
+                connection, _ = self.server.accept()
+            except OSError:
+                return
+            self.connections.append(connection)
+
+    def close(self):
+        self.server.close()
+        for connection in self.connections:
+            connection.close()
+
+
+@pytest.fixture
+def silent_hub():
+    hub = SilentHub()
+    yield hub
+    hub.close()
+
+
+@pytest.fixture
+def hub_that_never_answers(silent_hub, monkeypatch):
+    """Online, pointed at the silent server, with 1 s timeouts (HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", silent_hub.url)
+    monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 1)
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 1)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    return silent_hub
+
+
+def test_embed_from_a_hub_that_never_answers_fails_fast(hub_that_never_answers, tmp_path, capsys):
+    text = tmp_path / "in.txt"
+    text.write_text("a b\n")
+    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", "someone/elmo"]) == 2
+    assert error_line(capsys) == (
+        f"error: someone/elmo: the Hugging Face Hub ({hub_that_never_answers.url}) did not answer within 1 s while "
+        "looking up this model (ReadTimeout), and it is not in the local cache. Check the connection, or allow more "
+        "time with HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT (seconds)."
+    )
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_publish_to_a_hub_that_never_answers_times_out(hub_that_never_answers, converted_dir, capsys):
+    assert main(["publish", str(converted_dir), "--repo-id", "someone/elmo"]) == 2
+    assert error_line(capsys) == (
+        "error: the Hugging Face Hub did not answer in time while publishing to someone/elmo (POST "
+        f"{hub_that_never_answers.url}/api/repos/create; ReadTimeout). Check the connection, or allow more time with "
+        "HF_HUB_DOWNLOAD_TIMEOUT / HF_HUB_ETAG_TIMEOUT (seconds)."
+    )
+
+
+def test_a_mistyped_local_folder_fails_at_once_without_a_hub_request(silent_hub, tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", silent_hub.url)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "in.txt").write_text("a b\n")
+    for name in ("nope", "./elmo", "models/elmo-smal", "a/b/c", "~/elmo"):
+        assert main(["embed", "in.txt", "out.hdf5", "--model", name]) == 2
+        assert error_line(capsys) == f"error: {name}: no such folder (and not a Hub repo id of the form owner/name)."
+    assert main(["convert", "--to-bilm-tf", "nope", "--output", "back"]) == 2
+    assert error_line(capsys) == "error: nope: no such folder (and not a Hub repo id of the form owner/name)."
+    assert silent_hub.connections == []
+
+
+@pytest.mark.parametrize(
+    "name, is_repo",
+    [("allenai/elmo", True), ("nope", False), ("./x/y", False), ("/abs/elmo", False), ("~/elmo", False),
+     ("a/b/c", False), ("a\\b", False), ("bad id/x", False), ("owner/", False)],
+)
+def test_what_counts_as_a_hub_repo_id(name, is_repo, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert looks_like_repo_id(name) is is_repo
