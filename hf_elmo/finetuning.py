@@ -2,8 +2,8 @@
 
 - `read_conll`: CoNLL-style files (one word per line with its columns, blank lines between sentences).
 - `read_text_classification_file`: TSV/CSV files with a text column and a label column.
-- `entity_scores`: entity-level precision / recall / F1 per type, with the chunk rules of the CoNLL `conlleval`
-  script (the default, non-strict mode of seqeval): IOB1, IOB2 and IOBES tags all work.
+- `entity_scores`: entity-level precision / recall / F1 per type, computed by seqeval in its default mode (the chunk
+  rules of CoNLL's `conlleval`): IOB1, IOB2 and IOBES tags all work; `has_chunk_tags` says whether a tag set is one.
 - `classification_scores`: accuracy and per-class / macro precision, recall, F1 for sentence labels.
 - `plot_layer_weights`: the learned softmax weight of each biLM layer per task, as in Figure 2 of the ELMo paper.
 - `add_finetuning_arguments`, `head_options`, `training_arguments`, `train_and_report`: the command-line
@@ -20,7 +20,9 @@ import csv
 import json
 import logging
 import os
+import re
 import tempfile
+import warnings
 from dataclasses import dataclass
 
 
@@ -171,75 +173,59 @@ def label_ids(labels, label2id: dict[str, int], where) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Entity-level scores, conlleval's chunk rules.
+# Entity-level scores, through seqeval (as the Transformers token-classification examples compute them).
 # ---------------------------------------------------------------------------------------------
-def _split_tag(tag: str) -> tuple[str, str]:
-    """`"B-PER"` -> `("B", "PER")`; `"O"` -> `("O", "")`; an unprefixed label `"PER"` -> `("I", "PER")`."""
-    if tag == OUTSIDE:
-        return OUTSIDE, ""
-    prefix, sep, kind = tag.partition("-")
-    if sep and prefix in ("B", "I", "E", "S"):
-        return prefix, kind
-    return "I", tag
+_CHUNK_TAG = re.compile(r"^[BIES]-.+$")
 
 
-def _ends_chunk(prev_prefix, prev_kind, prefix, kind) -> bool:
-    if prev_prefix in ("E", "S"):
-        return True
-    if prev_prefix in ("B", "I") and prefix in ("B", "S", OUTSIDE):
-        return True
-    return prev_prefix != OUTSIDE and prev_kind != kind
-
-
-def _starts_chunk(prev_prefix, prev_kind, prefix, kind) -> bool:
-    if prefix in ("B", "S"):
-        return True
-    if prev_prefix in ("E", "S", OUTSIDE) and prefix in ("E", "I"):
-        return True
-    return prefix != OUTSIDE and prev_kind != kind
-
-
-def entity_spans(tags: list[str]) -> set[tuple[str, int, int]]:
-    """The entities of one tag sequence as `(type, first_word, last_word + 1)`."""
-    spans, start = set(), None
-    prev_prefix, prev_kind = OUTSIDE, ""
-    for position, tag in enumerate([*tags, OUTSIDE]):
-        prefix, kind = _split_tag(tag)
-        if start is not None and _ends_chunk(prev_prefix, prev_kind, prefix, kind):
-            spans.add((prev_kind, start, position))
-            start = None
-        if _starts_chunk(prev_prefix, prev_kind, prefix, kind):
-            start = position
-        prev_prefix, prev_kind = prefix, kind
-    return spans
+def has_chunk_tags(tags) -> bool:
+    """
+    Whether a tag set is a chunk scheme that entity scores apply to: every tag is `O` or `B-`/`I-`/`E-`/`S-` plus a
+    type (IOB1, IOB2, IOBES). POS tags or other labels without a prefix are not (seqeval would read `NNP` as a
+    chunk of type `NP`), so the examples report token accuracy alone for them.
+    """
+    return all(tag == OUTSIDE or _CHUNK_TAG.match(tag) for tag in tags)
 
 
 def entity_scores(gold: list[list[str]], predicted: list[list[str]]) -> dict[str, dict[str, float]]:
     """
-    Entity-level precision, recall, F1 and support (gold entities) per entity type and `"overall"` (micro-averaged):
-    an entity counts as found only with the same type and exactly the same words.
+    Entity-level precision, recall, F1 and support (gold entities) per entity type and `"overall"` (micro-averaged),
+    computed by seqeval in its default mode, which applies the chunk rules of CoNLL's `conlleval` script: an entity
+    counts as found only with the same type and exactly the same words. Tags must be IOB1, IOB2 or IOBES
+    (`has_chunk_tags`). Needs seqeval (`pip install "hf-elmo[examples]"`).
     """
+    try:
+        from seqeval.metrics import classification_report
+    except ImportError as err:
+        raise ImportError('entity_scores needs seqeval: pip install "hf-elmo[examples]"') from err
     if len(gold) != len(predicted):
         raise ValueError(f"entity_scores: {len(gold)} gold sentences but {len(predicted)} predicted ones.")
-    counts: dict[str, list[int]] = {}  # type -> [correct, predicted, gold]
     for index, (gold_tags, predicted_tags) in enumerate(zip(gold, predicted)):
         if len(gold_tags) != len(predicted_tags):
             raise ValueError(
                 f"entity_scores: sentence {index} has {len(gold_tags)} gold tags but {len(predicted_tags)} predicted."
             )
-        gold_spans, predicted_spans = entity_spans(gold_tags), entity_spans(predicted_tags)
-        for kind, *_ in gold_spans | predicted_spans:
-            counts.setdefault(kind, [0, 0, 0])
-        for span in gold_spans & predicted_spans:
-            counts[span[0]][0] += 1
-        for span in predicted_spans:
-            counts[span[0]][1] += 1
-        for span in gold_spans:
-            counts[span[0]][2] += 1
-    totals = [sum(c[i] for c in counts.values()) for i in range(3)]
-    scores = {kind: _prf(*counts[kind]) for kind in sorted(counts)}
-    scores["overall"] = _prf(*totals)
-    return scores
+    unprefixed = sorted({tag for tags in (*gold, *predicted) for tag in tags if not has_chunk_tags([tag])})
+    if unprefixed:
+        raise ValueError(
+            f"entity_scores: tags {unprefixed[:5]} are neither O nor B-/I-/E-/S- plus a type; entity scores need "
+            "IOB1, IOB2 or IOBES tags."
+        )
+    with warnings.catch_warnings():
+        # Without any entity, seqeval's macro average is the mean of nothing; only the micro average is used here.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        report = classification_report(gold, predicted, output_dict=True, zero_division=0)
+    scores = {}
+    for kind, values in report.items():
+        if kind in ("macro avg", "weighted avg"):
+            continue
+        scores["overall" if kind == "micro avg" else kind] = {
+            "precision": float(values["precision"]),
+            "recall": float(values["recall"]),
+            "f1": float(values["f1-score"]),
+            "support": int(values["support"]),
+        }
+    return {kind: scores[kind] for kind in sorted(k for k in scores if k != "overall")} | {"overall": scores["overall"]}
 
 
 def _prf(correct: int, predicted: int, gold: int) -> dict[str, float]:
@@ -550,7 +536,7 @@ __all__ = [
     "TaggedSentence",
     "build_label_map",
     "entity_scores",
-    "entity_spans",
+    "has_chunk_tags",
     "label_ids",
     "layer_names",
     "plot_layer_weights",
