@@ -12,7 +12,9 @@ conll2003) or a local folder of train/validation/test data files. Labels come fr
 Output in --output-dir: the model and tokenizer (load them with AutoModelForTokenClassification, or
 pipeline("token-classification", model=DIR, trust_remote_code=True)), labels.json, metrics.json (token accuracy
 and, for IOB1/IOB2/IOBES tags, entity precision / recall / F1 per type computed by seqeval), layer_weights.png
-(the learned layer weights, the analogue of Figure 2 of the paper) and the epoch checkpoints.
+(the learned layer weights, the analogue of Figure 2 of the paper), the epoch checkpoints and a model card
+(README.md: labels, metrics, the plot). --push-to-hub pushes to the Hub as the Trainer does, the finished folder
+last; --report-to sends the training logs to tensorboard, wandb, ... (default: none).
 
 Example with bilm-tf's small test model (`python examples/quickstart.py` writes it to out/elmo-bilm-tf-fixture):
 
@@ -38,6 +40,7 @@ from hf_elmo.finetuning import (
     TaggedSentence,
     add_finetuning_arguments,
     build_label_map,
+    check_finetuning_arguments,
     dataset_splits,
     entity_scores,
     existing_label_map,
@@ -80,6 +83,7 @@ def parse_args(argv=None):
         parser.error("give either --train-file (CoNLL files) or --dataset-name")
     if args.dataset_name and (args.validation_file or args.test_file):
         parser.error("--validation-file / --test-file go with --train-file, not with --dataset-name")
+    check_finetuning_arguments(parser, args)
     return args
 
 
