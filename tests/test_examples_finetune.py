@@ -112,6 +112,20 @@ def test_sequence_classification_example_fits_real_sentences(sequence_example, c
     assert model.config.classifier_pooling == "final" and model.config.id2label == {0: "no", 1: "yes"}
 
 
+def test_sequence_example_runs_on_the_shipped_sample(sequence_example, converted_dir, tmp_path):
+    # examples/data/sentiment is what the README's command points to.
+    data = os.path.join(REPO_ROOT, "examples", "data", "sentiment")
+    assert [len(read_text_classification_file(os.path.join(data, f))) for f in ("train.tsv", "dev.tsv")] == [24, 8]
+    metrics = sequence_example.main([
+        "--model", str(converted_dir), "--train-file", os.path.join(data, "train.tsv"), "--validation-file",
+        os.path.join(data, "dev.tsv"), "--output-dir", str(tmp_path / "sentiment"), "--epochs", "1",
+        "--batch-size", "8",
+    ])
+    assert metrics["task"] == "train"
+    assert {label: s["support"] for label, s in metrics["validation"]["classes"].items()} == {"negative": 4,
+                                                                                             "positive": 4}
+
+
 @pytest.mark.parametrize("name", ["run_token_classification", "run_sequence_classification"])
 def test_help_explains_every_option(name, capsys):
     module = load_example(name)
