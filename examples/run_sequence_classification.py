@@ -14,8 +14,9 @@ sequence-classification model already); any other label in validation or test da
 Output in --output-dir: the model and tokenizer (load them with AutoModelForSequenceClassification, or
 pipeline("text-classification", model=DIR)), labels.json, metrics.json (accuracy and precision / recall / F1 per
 class and macro-averaged), layer_weights.png (the learned layer weights, the analogue of Figure 2 of the paper),
-the epoch checkpoints and a model card (README.md: labels, metrics, the plot). --push-to-hub pushes to the Hub as the Trainer does, the finished folder
-last; --report-to sends the training logs to tensorboard, wandb, ... (default: none).
+the epoch checkpoints and a model card (README.md: labels, metrics, the plot). --push-to-hub pushes to the Hub as
+the Trainer does, the finished folder last; --report-to sends the training logs to tensorboard, wandb, ...
+(default: none).
 
 Example with bilm-tf's small test model (`python examples/quickstart.py` writes it to out/elmo-bilm-tf-fixture):
 

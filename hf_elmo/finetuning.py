@@ -488,13 +488,15 @@ def write_model_card(output_dir: str, config, repo_id: str | None = None) -> str
     layer_weights.png (the same card `hf-elmo publish` generates). Returns its path.
     """
     from .model_card import elmo_model_card
-    from .publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, _run_metrics
+    from .publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, read_run_metrics
 
     card = elmo_model_card(
         config,
         repo_id=repo_id,
-        training=_run_metrics(os.path.join(output_dir, METRICS_FILE)),
-        layer_weights_plot=LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(output_dir, LAYER_WEIGHTS_PLOT)) else None,
+        training=read_run_metrics(os.path.join(output_dir, METRICS_FILE)),
+        layer_weights_plot=(
+            LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(output_dir, LAYER_WEIGHTS_PLOT)) else None
+        ),
     )
     path = os.path.join(output_dir, "README.md")
     card.save(path)
@@ -502,12 +504,15 @@ def write_model_card(output_dir: str, config, repo_id: str | None = None) -> str
 
 
 def _card_trainer_class():
+    # Built on first use: this module imports transformers only inside functions, like the rest of it.
     from transformers import Trainer
 
     class ElmoFinetuningTrainer(Trainer):
         """The Trainer, with hf_elmo's model card (labels, metrics, layer weights) instead of its generic summary."""
 
         def create_model_card(self, **kwargs):
+            # The Trainer's keywords (model_name, finetuned_from, dataset, ...) describe its own summary card; the
+            # facts of this card come from the folder (config, metrics.json, layer_weights.png).
             if self.is_world_process_zero():
                 write_model_card(self.args.output_dir, self.model.config,
                                  repo_id=self.hub_model_id or self.args.hub_model_id)

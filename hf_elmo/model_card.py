@@ -96,8 +96,9 @@ def _verification_section(checksums: dict | None) -> tuple[str, dict]:
 
 
 def _usage(config: ElmoConfig, architecture: str, name: str, n_layers: int) -> str:
-    tokenizer_note = f"""The tokenizer splits raw text into words (or takes `is_split_into_words=True`) and gives every word
-{config.max_characters_per_token} character ids: `input_ids` is `(batch, words, {config.max_characters_per_token})`."""
+    width = config.max_characters_per_token
+    tokenizer_note = f"""The tokenizer splits raw text into words (or takes `is_split_into_words=True`) and gives every
+word {width} character ids: `input_ids` is `(batch, words, {width})`."""
     pipeline_tag = pipeline_tag_of(architecture)
     if pipeline_tag == "token-classification":
         # The stock token-classification pipeline cannot read per-word character ids; the folder names its own
@@ -197,9 +198,12 @@ def _finetuning_sections(config: ElmoConfig, pipeline_tag: str, training: dict |
         rows = _per_class_rows(pipeline_tag, training[last])
         kind = "entity type" if pipeline_tag == "token-classification" else "label"
         if rows:
-            table += (f"\n\nPer {kind}, {last}:\n\n| {kind} | precision | recall | F1 | support |\n|---|---|---|---|---|\n"
-                      + "\n".join(f"| `{k}` | {v['precision']:.4f} | {v['recall']:.4f} | {v['f1']:.4f} | {v['support']} |"
-                                   for k, v in rows.items()))
+            table += f"\n\nPer {kind}, {last}:\n\n| {kind} | precision | recall | F1 | support |\n"
+            table += "|---|---|---|---|---|\n"
+            table += "\n".join(
+                f"| `{k}` | {v['precision']:.4f} | {v['recall']:.4f} | {v['f1']:.4f} | {v['support']} |"
+                for k, v in rows.items()
+            )
         if pipeline_tag == "token-classification":
             table += ("\n\nEntity scores are computed with seqeval (default mode: CoNLL `conlleval` chunk rules); "
                       "every metric comes from `metrics.json` of this run.")
@@ -209,7 +213,9 @@ def _finetuning_sections(config: ElmoConfig, pipeline_tag: str, training: dict |
 
     weights = training.get("layer_weights")
     if weights:
-        names = ["token layer"] + [f"biLSTM {i}" for i in range(1, len(weights))]
+        from .finetuning import layer_names
+
+        names = layer_names(len(weights))
         text = ("The softmax-normalised weight this task learned for each biLM layer (Figure 2 of the ELMo paper): "
                 + ", ".join(f"{n} {w:.3f}" for n, w in zip(names, weights))
                 + (f"; scale gamma {training['gamma']:.3f}." if training.get("gamma") is not None else "."))

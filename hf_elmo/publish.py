@@ -92,7 +92,7 @@ def _read_json(path: str) -> dict | None:
         return json.load(f)
 
 
-def _run_metrics(path: str) -> dict | None:
+def read_run_metrics(path: str) -> dict | None:
     """A fine-tuning run's metrics.json (as train_and_report writes it), else None: other files may share the name."""
     metrics = _read_json(path)
     if isinstance(metrics, dict) and isinstance(metrics.get("layer_weights"), list) and "task" in metrics:
@@ -148,8 +148,10 @@ def prepare_folder(
             checksums=checksums,
             repo_id=repo_id,
             license=license,
-            training=_run_metrics(os.path.join(model_dir, METRICS_FILE)),
-            layer_weights_plot=LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(staging, LAYER_WEIGHTS_PLOT)) else None,
+            training=read_run_metrics(os.path.join(model_dir, METRICS_FILE)),
+            layer_weights_plot=(
+                LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(staging, LAYER_WEIGHTS_PLOT)) else None
+            ),
         )
     card.save(card_path)
 
