@@ -13,8 +13,10 @@ sequence-classification model already); any other label in validation or test da
 
 Output in --output-dir: the model and tokenizer (load them with AutoModelForSequenceClassification, or
 pipeline("text-classification", model=DIR)), labels.json, metrics.json (accuracy and precision / recall / F1 per
-class and macro-averaged), layer_weights.png (the learned layer weights, the analogue of Figure 2 of the paper)
-and the epoch checkpoints.
+class and macro-averaged), layer_weights.png (the learned layer weights, the analogue of Figure 2 of the paper),
+the epoch checkpoints and a model card (README.md: labels, metrics, the plot). --push-to-hub pushes to the Hub as
+the Trainer does, the finished folder last; --report-to sends the training logs to tensorboard, wandb, ...
+(default: none).
 
 Example with bilm-tf's small test model (`python examples/quickstart.py` writes it to out/elmo-bilm-tf-fixture):
 
@@ -35,6 +37,7 @@ from hf_elmo.finetuning import (
     LabelledText,
     add_finetuning_arguments,
     build_label_map,
+    check_finetuning_arguments,
     classification_scores,
     dataset_splits,
     existing_label_map,
@@ -76,6 +79,7 @@ def parse_args(argv=None):
         parser.error("give either --train-file (TSV/CSV files) or --dataset-name")
     if args.dataset_name and (args.validation_file or args.test_file):
         parser.error("--validation-file / --test-file go with --train-file, not with --dataset-name")
+    check_finetuning_arguments(parser, args)
     return args
 
 

@@ -11,8 +11,10 @@ conll2003) or a local folder of train/validation/test data files. Labels come fr
 
 Output in --output-dir: the model and tokenizer (load them with AutoModelForTokenClassification, or
 pipeline("token-classification", model=DIR, trust_remote_code=True)), labels.json, metrics.json (token accuracy
-and entity precision / recall / F1 per type, CoNLL conlleval rules), layer_weights.png (the learned layer weights,
-the analogue of Figure 2 of the paper) and the epoch checkpoints.
+and, for IOB1/IOB2/IOBES tags, entity precision / recall / F1 per type computed by seqeval), layer_weights.png
+(the learned layer weights, the analogue of Figure 2 of the paper), the epoch checkpoints and a model card
+(README.md: labels, metrics, the plot). --push-to-hub pushes to the Hub as the Trainer does, the finished folder
+last; --report-to sends the training logs to tensorboard, wandb, ... (default: none).
 
 Example with bilm-tf's small test model (`python examples/quickstart.py` writes it to out/elmo-bilm-tf-fixture):
 
@@ -38,9 +40,11 @@ from hf_elmo.finetuning import (
     TaggedSentence,
     add_finetuning_arguments,
     build_label_map,
+    check_finetuning_arguments,
     dataset_splits,
     entity_scores,
     existing_label_map,
+    has_chunk_tags,
     head_options,
     label_ids,
     read_conll,
@@ -79,6 +83,7 @@ def parse_args(argv=None):
         parser.error("give either --train-file (CoNLL files) or --dataset-name")
     if args.dataset_name and (args.validation_file or args.test_file):
         parser.error("--validation-file / --test-file go with --train-file, not with --dataset-name")
+    check_finetuning_arguments(parser, args)
     return args
 
 
@@ -128,14 +133,20 @@ def predicted_tags(predictions: np.ndarray, label_ids_: np.ndarray, id2label: di
     return gold, predicted
 
 
-def evaluation_report(gold, predicted) -> dict:
+def evaluation_report(gold, predicted, chunk_tags: bool = True) -> dict:
+    """Token accuracy, and entity scores (seqeval) when the labels are chunk tags (IOB1, IOB2, IOBES)."""
     tokens = sum(len(g) for g in gold)
     correct = sum(a == b for g, p in zip(gold, predicted) for a, b in zip(g, p))
-    return {"token_accuracy": correct / tokens if tokens else 0.0, "entities": entity_scores(gold, predicted)}
+    report = {"token_accuracy": correct / tokens if tokens else 0.0}
+    if chunk_tags:
+        report["entities"] = entity_scores(gold, predicted)
+    return report
 
 
 def log_report(split: str, report: dict):
     logger.info("%s: token accuracy %.4f", split, report["token_accuracy"])
+    if "entities" not in report:
+        return
     logger.info("  %-10s %9s %9s %9s %8s", "entity", "precision", "recall", "f1", "support")
     for kind, scores in report["entities"].items():
         logger.info("  %-10s %9.4f %9.4f %9.4f %8d", kind, scores["precision"], scores["recall"], scores["f1"],
@@ -156,16 +167,23 @@ def main(argv=None):
     logger.info("Labels: %s; sentences: %s", list(id2label.values()),
                 {split: len(f) for split, f in features.items()})
 
+    chunk_tags = has_chunk_tags(id2label.values())
+    if not chunk_tags:
+        logger.info("The labels are not IOB1/IOB2/IOBES chunk tags (B-/I-/E-/S- plus a type, or O): reporting token "
+                    "accuracy only, no entity scores.")
+
     model = AutoModelForTokenClassification.from_pretrained(
         args.model, id2label=id2label, label2id=label2id, **head_options(args)
     )
 
     def score(predictions, label_ids_):
-        return evaluation_report(*predicted_tags(predictions, label_ids_, id2label))
+        return evaluation_report(*predicted_tags(predictions, label_ids_, id2label), chunk_tags=chunk_tags)
 
     def summarise(report):
-        return {"token_accuracy": report["token_accuracy"],
-                **{k: v for k, v in report["entities"]["overall"].items() if k != "support"}}
+        summary = {"token_accuracy": report["token_accuracy"]}
+        if "entities" in report:
+            summary.update({k: v for k, v in report["entities"]["overall"].items() if k != "support"})
+        return summary
 
     return train_and_report(args, model, tokenizer, features, id2label, DataCollatorForTokenClassification(tokenizer),
                             score, summarise, log_report)

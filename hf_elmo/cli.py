@@ -44,8 +44,9 @@ Push a saved ELMo folder (from hf-elmo convert, save_pretrained or a Trainer) to
 
 The uploaded folder is prepared in a temporary directory: the model re-saved as safetensors with its config,
 the tokenizer, the code files that let AutoModel/AutoTokenizer.from_pretrained(..., trust_remote_code=True)
-work without hf_elmo installed, bilm_tf_source.json and other code/json files of the folder, and a model
-card (README.md) generated from the folder's metadata. Training state, other weight formats and
+work without hf_elmo installed, bilm_tf_source.json and other code/json/png files of the folder, and a model
+card (README.md) generated from the folder's metadata (for a fine-tuned head: its labels, the metrics of its
+run from metrics.json and the embedded layer_weights.png). Training state, other weight formats and
 sub-folders are left out (listed with --dry-run). Log in first with `hf auth login` or set HF_TOKEN.
 """
 

@@ -2,13 +2,13 @@
 
 - `read_conll`: CoNLL-style files (one word per line with its columns, blank lines between sentences).
 - `read_text_classification_file`: TSV/CSV files with a text column and a label column.
-- `entity_scores`: entity-level precision / recall / F1 per type, with the chunk rules of the CoNLL `conlleval`
-  script (the default, non-strict mode of seqeval): IOB1, IOB2 and IOBES tags all work.
+- `entity_scores`: entity-level precision / recall / F1 per type, computed by seqeval in its default mode (the chunk
+  rules of CoNLL's `conlleval`): IOB1, IOB2 and IOBES tags all work; `has_chunk_tags` says whether a tag set is one.
 - `classification_scores`: accuracy and per-class / macro precision, recall, F1 for sentence labels.
 - `plot_layer_weights`: the learned softmax weight of each biLM layer per task, as in Figure 2 of the ELMo paper.
-- `add_finetuning_arguments`, `head_options`, `training_arguments`, `train_and_report`: the command-line
-  options, the Trainer set-up and the train / score / save sequence shared by
-  `examples/run_token_classification.py` and `examples/run_sequence_classification.py`.
+- `add_finetuning_arguments`, `check_finetuning_arguments`, `head_options`, `training_arguments`,
+  `train_and_report`: the command-line options, the Trainer set-up and the train / score / save (/ push) sequence
+  shared by `examples/run_token_classification.py` and `examples/run_sequence_classification.py`.
 
 Every reading error names the file and line. Nothing here is copied for `trust_remote_code`.
 """
@@ -20,7 +20,9 @@ import csv
 import json
 import logging
 import os
+import re
 import tempfile
+import warnings
 from dataclasses import dataclass
 
 
@@ -171,75 +173,59 @@ def label_ids(labels, label2id: dict[str, int], where) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Entity-level scores, conlleval's chunk rules.
+# Entity-level scores, through seqeval (as the Transformers token-classification examples compute them).
 # ---------------------------------------------------------------------------------------------
-def _split_tag(tag: str) -> tuple[str, str]:
-    """`"B-PER"` -> `("B", "PER")`; `"O"` -> `("O", "")`; an unprefixed label `"PER"` -> `("I", "PER")`."""
-    if tag == OUTSIDE:
-        return OUTSIDE, ""
-    prefix, sep, kind = tag.partition("-")
-    if sep and prefix in ("B", "I", "E", "S"):
-        return prefix, kind
-    return "I", tag
+_CHUNK_TAG = re.compile(r"^[BIES]-.+$")
 
 
-def _ends_chunk(prev_prefix, prev_kind, prefix, kind) -> bool:
-    if prev_prefix in ("E", "S"):
-        return True
-    if prev_prefix in ("B", "I") and prefix in ("B", "S", OUTSIDE):
-        return True
-    return prev_prefix != OUTSIDE and prev_kind != kind
-
-
-def _starts_chunk(prev_prefix, prev_kind, prefix, kind) -> bool:
-    if prefix in ("B", "S"):
-        return True
-    if prev_prefix in ("E", "S", OUTSIDE) and prefix in ("E", "I"):
-        return True
-    return prefix != OUTSIDE and prev_kind != kind
-
-
-def entity_spans(tags: list[str]) -> set[tuple[str, int, int]]:
-    """The entities of one tag sequence as `(type, first_word, last_word + 1)`."""
-    spans, start = set(), None
-    prev_prefix, prev_kind = OUTSIDE, ""
-    for position, tag in enumerate([*tags, OUTSIDE]):
-        prefix, kind = _split_tag(tag)
-        if start is not None and _ends_chunk(prev_prefix, prev_kind, prefix, kind):
-            spans.add((prev_kind, start, position))
-            start = None
-        if _starts_chunk(prev_prefix, prev_kind, prefix, kind):
-            start = position
-        prev_prefix, prev_kind = prefix, kind
-    return spans
+def has_chunk_tags(tags) -> bool:
+    """
+    Whether a tag set is a chunk scheme that entity scores apply to: every tag is `O` or `B-`/`I-`/`E-`/`S-` plus a
+    type (IOB1, IOB2, IOBES). POS tags or other labels without a prefix are not (seqeval would read `NNP` as a
+    chunk of type `NP`), so the examples report token accuracy alone for them.
+    """
+    return all(tag == OUTSIDE or _CHUNK_TAG.match(tag) for tag in tags)
 
 
 def entity_scores(gold: list[list[str]], predicted: list[list[str]]) -> dict[str, dict[str, float]]:
     """
-    Entity-level precision, recall, F1 and support (gold entities) per entity type and `"overall"` (micro-averaged):
-    an entity counts as found only with the same type and exactly the same words.
+    Entity-level precision, recall, F1 and support (gold entities) per entity type and `"overall"` (micro-averaged),
+    computed by seqeval in its default mode, which applies the chunk rules of CoNLL's `conlleval` script: an entity
+    counts as found only with the same type and exactly the same words. Tags must be IOB1, IOB2 or IOBES
+    (`has_chunk_tags`). Needs seqeval (`pip install "hf-elmo[examples]"`).
     """
+    try:
+        from seqeval.metrics import classification_report
+    except ImportError as err:
+        raise ImportError('entity_scores needs seqeval: pip install "hf-elmo[examples]"') from err
     if len(gold) != len(predicted):
         raise ValueError(f"entity_scores: {len(gold)} gold sentences but {len(predicted)} predicted ones.")
-    counts: dict[str, list[int]] = {}  # type -> [correct, predicted, gold]
     for index, (gold_tags, predicted_tags) in enumerate(zip(gold, predicted)):
         if len(gold_tags) != len(predicted_tags):
             raise ValueError(
                 f"entity_scores: sentence {index} has {len(gold_tags)} gold tags but {len(predicted_tags)} predicted."
             )
-        gold_spans, predicted_spans = entity_spans(gold_tags), entity_spans(predicted_tags)
-        for kind, *_ in gold_spans | predicted_spans:
-            counts.setdefault(kind, [0, 0, 0])
-        for span in gold_spans & predicted_spans:
-            counts[span[0]][0] += 1
-        for span in predicted_spans:
-            counts[span[0]][1] += 1
-        for span in gold_spans:
-            counts[span[0]][2] += 1
-    totals = [sum(c[i] for c in counts.values()) for i in range(3)]
-    scores = {kind: _prf(*counts[kind]) for kind in sorted(counts)}
-    scores["overall"] = _prf(*totals)
-    return scores
+    unprefixed = sorted({tag for tags in (*gold, *predicted) for tag in tags if not has_chunk_tags([tag])})
+    if unprefixed:
+        raise ValueError(
+            f"entity_scores: tags {unprefixed[:5]} are neither O nor B-/I-/E-/S- plus a type; entity scores need "
+            "IOB1, IOB2 or IOBES tags."
+        )
+    with warnings.catch_warnings():
+        # Without any entity, seqeval's macro average is the mean of nothing; only the micro average is used here.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        report = classification_report(gold, predicted, output_dict=True, zero_division=0)
+    scores = {}
+    for kind, values in report.items():
+        if kind in ("macro avg", "weighted avg"):
+            continue
+        scores["overall" if kind == "micro avg" else kind] = {
+            "precision": float(values["precision"]),
+            "recall": float(values["recall"]),
+            "f1": float(values["f1-score"]),
+            "support": int(values["support"]),
+        }
+    return {kind: scores[kind] for kind in sorted(k for k in scores if k != "overall")} | {"overall": scores["overall"]}
 
 
 def _prf(correct: int, predicted: int, gold: int) -> dict[str, float]:
@@ -370,7 +356,37 @@ def add_finetuning_arguments(parser: argparse.ArgumentParser, default_learning_r
     training.add_argument("--task-name", default=None,
                           help="name of the task in metrics.json and on the layer-weight plot (default: derived "
                           "from the training data)")
+    training.add_argument("--report-to", nargs="+", default=["none"], metavar="INTEGRATION",
+                          help="where the Trainer logs training metrics, as TrainingArguments.report_to: none (the "
+                          "default, nothing leaves the machine), all, or integrations such as tensorboard, wandb, "
+                          "mlflow (installed separately)")
+
+    hub = parser.add_argument_group("Hugging Face Hub")
+    hub.add_argument("--push-to-hub", action="store_true",
+                     help="push to the Hub as the Trainer does (TrainingArguments.push_to_hub): the model at every "
+                     "save during training and, at the end, the final model with labels.json, metrics.json, "
+                     "layer_weights.png and a model card showing them (log in first: `hf auth login` or HF_TOKEN)")
+    hub.add_argument("--hub-model-id", default=None,
+                     help="repository to push to, e.g. your-name/elmo-ner (default: the name of --output-dir under "
+                     "your account)")
+    hub.add_argument("--hub-private-repo", action="store_true",
+                     help="create the Hub repository as private (no effect on one that exists)")
     return parser
+
+
+def check_finetuning_arguments(parser: argparse.ArgumentParser, args) -> None:
+    """Refuse, before any work, Hub options that cannot succeed (offline mode, not logged in)."""
+    if not args.push_to_hub:
+        if args.hub_model_id or args.hub_private_repo:
+            parser.error("--hub-model-id / --hub-private-repo go with --push-to-hub")
+        return
+    from huggingface_hub import constants, get_token
+
+    if constants.is_offline_mode():
+        parser.error("--push-to-hub: HF_HUB_OFFLINE=1 is set, so nothing can be pushed to the Hub; unset it or drop "
+                     "--push-to-hub")
+    if get_token() is None:
+        parser.error("--push-to-hub: not logged in to the Hugging Face Hub; run `hf auth login` or set HF_TOKEN")
 
 
 def head_options(args) -> dict:
@@ -405,7 +421,10 @@ def training_arguments(args, evaluate: bool):
         save_strategy="epoch",
         save_total_limit=args.save_total_limit,
         logging_steps=args.logging_steps,
-        report_to="none",
+        report_to=args.report_to,
+        push_to_hub=args.push_to_hub,
+        hub_model_id=args.hub_model_id,
+        hub_private_repo=args.hub_private_repo or None,
         dataloader_pin_memory=torch.cuda.is_available(),
     )
 
@@ -463,6 +482,44 @@ def dataset_splits(name: str, config: str | None, columns: tuple[str, ...]) -> d
     return tables
 
 
+def write_model_card(output_dir: str, config, repo_id: str | None = None) -> str:
+    """
+    README.md of a fine-tuned folder: hf_elmo's card with the labels, the run's metrics.json and the embedded
+    layer_weights.png (the same card `hf-elmo publish` generates). Returns its path.
+    """
+    from .model_card import elmo_model_card
+    from .publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, read_run_metrics
+
+    card = elmo_model_card(
+        config,
+        repo_id=repo_id,
+        training=read_run_metrics(os.path.join(output_dir, METRICS_FILE)),
+        layer_weights_plot=(
+            LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(output_dir, LAYER_WEIGHTS_PLOT)) else None
+        ),
+    )
+    path = os.path.join(output_dir, "README.md")
+    card.save(path)
+    return path
+
+
+def _card_trainer_class():
+    # Built on first use: this module imports transformers only inside functions, like the rest of it.
+    from transformers import Trainer
+
+    class ElmoFinetuningTrainer(Trainer):
+        """The Trainer, with hf_elmo's model card (labels, metrics, layer weights) instead of its generic summary."""
+
+        def create_model_card(self, **kwargs):
+            # The Trainer's keywords (model_name, finetuned_from, dataset, ...) describe its own summary card; the
+            # facts of this card come from the folder (config, metrics.json, layer_weights.png).
+            if self.is_world_process_zero():
+                write_model_card(self.args.output_dir, self.model.config,
+                                 repo_id=self.hub_model_id or self.args.hub_model_id)
+
+    return ElmoFinetuningTrainer
+
+
 def train_and_report(args, model, tokenizer, features: dict, id2label: dict, data_collator, score, summarise,
                      log_report) -> dict:
     """
@@ -472,13 +529,15 @@ def train_and_report(args, model, tokenizer, features: dict, id2label: dict, dat
 
     `score(predictions, label_ids)` turns argmax label ids into a report dict, `summarise(report)` picks the
     numbers the Trainer logs at each evaluation, `log_report(split, report)` prints a split's report.
+
+    The folder also gets a model card (README.md). With `--push-to-hub` the Trainer pushes as usual (at every save,
+    and when the model is saved), and the finished folder (without checkpoints) is pushed last, with its card.
     """
-    from transformers import Trainer
 
     def compute_metrics(evaluation):
         return summarise(score(evaluation.predictions, evaluation.label_ids))
 
-    trainer = Trainer(
+    trainer = _card_trainer_class()(
         model=model,
         args=training_arguments(args, evaluate="validation" in features),
         train_dataset=features["train"],
@@ -494,9 +553,14 @@ def train_and_report(args, model, tokenizer, features: dict, id2label: dict, dat
 
     task = default_task_name(args)
     weights = model.layer_weights().tolist()
+    dataset = getattr(args, "dataset_name", None)
     metrics = {
         "task": task,
         "model": args.model,
+        # Hub ids only (for the card's metadata): a local folder means nothing to a reader of the Hub page.
+        "base_model": None if os.path.isdir(args.model) else args.model,
+        "datasets": [dataset] if dataset and not os.path.isdir(dataset) else [],
+        "dataset_config": getattr(args, "dataset_config", None),
         "train_loss": result.training_loss,
         "layer_weights": weights,
         "gamma": float(model.encoder.mix.gamma.detach()),
@@ -514,7 +578,14 @@ def train_and_report(args, model, tokenizer, features: dict, id2label: dict, dat
     write_json(os.path.join(args.output_dir, "labels.json"), {"id2label": {str(i): l for i, l in id2label.items()}})
     write_json(os.path.join(args.output_dir, "metrics.json"), metrics)
     plot = plot_layer_weights({task: weights}, os.path.join(args.output_dir, "layer_weights.png"))
-    logger.info("Saved the model, labels.json, metrics.json and %s to %s", os.path.basename(plot), args.output_dir)
+    if args.push_to_hub:
+        # Writes the card (create_model_card above) and uploads the folder, checkpoints left out.
+        commit = trainer.push_to_hub(commit_message="End of training")
+        logger.info("Pushed %s to the Hub: %s", args.output_dir, getattr(commit, "commit_url", commit))
+    else:
+        trainer.create_model_card()
+    logger.info("Saved the model, labels.json, metrics.json, %s and README.md to %s", os.path.basename(plot),
+                args.output_dir)
     return metrics
 
 
@@ -537,6 +608,7 @@ def existing_label_map(config, architecture: str) -> dict[int, str] | None:
 __all__ = [
     "DataFileError",
     "add_finetuning_arguments",
+    "check_finetuning_arguments",
     "classification_scores",
     "dataset_splits",
     "default_task_name",
@@ -546,11 +618,12 @@ __all__ = [
     "train_and_report",
     "training_arguments",
     "write_json",
+    "write_model_card",
     "LabelledText",
     "TaggedSentence",
     "build_label_map",
     "entity_scores",
-    "entity_spans",
+    "has_chunk_tags",
     "label_ids",
     "layer_names",
     "plot_layer_weights",

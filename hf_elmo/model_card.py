@@ -1,11 +1,13 @@
 """Model cards for hf_elmo folders, rendered from metadata with huggingface_hub's `ModelCard` / `ModelCardData`.
 
-A card is built from what a folder knows about itself: its `ElmoConfig` (shape, architecture), the SHA-256 of the
-bilm-tf files it was converted from (`bilm_tf_source.json`, written by the converter) and how it was checked
-against bilm-tf. The same facts go into the YAML metadata (under `hf_elmo:`) and into the prose.
+A card is built from what a folder knows about itself: its `ElmoConfig` (shape, architecture, labels), the SHA-256 of
+the bilm-tf files it was converted from (`bilm_tf_source.json`, written by the converter), how it was checked
+against bilm-tf and, for a fine-tuned head, the run's `metrics.json` and `layer_weights.png` (written by the
+examples' `hf_elmo.finetuning.train_and_report`). The same facts go into the YAML metadata (`base_model`,
+`datasets`, `model-index` and, under `hf_elmo:`, the rest) and into the prose.
 """
 
-from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .configuration_elmo import ElmoConfig
 
@@ -94,6 +96,33 @@ def _verification_section(checksums: dict | None) -> tuple[str, dict]:
 
 
 def _usage(config: ElmoConfig, architecture: str, name: str, n_layers: int) -> str:
+    width = config.max_characters_per_token
+    tokenizer_note = f"""The tokenizer splits raw text into words (or takes `is_split_into_words=True`) and gives every
+word {width} character ids: `input_ids` is `(batch, words, {width})`."""
+    pipeline_tag = pipeline_tag_of(architecture)
+    if pipeline_tag == "token-classification":
+        # The stock token-classification pipeline cannot read per-word character ids; the folder names its own
+        # (config.custom_pipelines), which Transformers loads only with trust_remote_code=True.
+        return f"""```python
+from transformers import pipeline
+
+tagger = pipeline("token-classification", model="{name}", trust_remote_code=True, aggregation_strategy="simple")
+tagger("AI2 engineer Joel lives in Seattle.")  # [{{'entity_group': ..., 'word': ..., 'start': ..., 'end': ...}}, ...]
+```
+
+`trust_remote_code=True` is required: it selects this repository's `ElmoTokenClassificationPipeline`, which reads
+per-word character ids (the stock token-classification pipeline cannot).
+
+{tokenizer_note}"""
+    if pipeline_tag == "text-classification":
+        return f"""```python
+from transformers import pipeline
+
+classify = pipeline("text-classification", model="{name}", trust_remote_code=True)
+classify(["The bank raised rates .", "We sat on the river bank ."])  # [{{'label': ..., 'score': ...}}, ...]
+```
+
+{tokenizer_note}"""
     # The Auto class that loads this architecture, from the config's own auto_map.
     auto_class = next(
         (k for k, v in (config.auto_map or {}).items() if v == f"modeling_elmo.{architecture}"), "AutoModel"
@@ -114,10 +143,106 @@ with torch.no_grad():
 {call}
 ```
 
-The tokenizer splits raw text into words (or takes `is_split_into_words=True`) and gives every word
-{config.max_characters_per_token} character ids: `input_ids` is `(batch, words, {config.max_characters_per_token})`.
+{tokenizer_note}
 With hf_elmo installed, `hf-elmo embed sentences.txt vectors.hdf5 --model {name}` writes the vectors of every line
 of a text file to HDF5."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fine-tuned heads: labels, the run's metrics (metrics.json of hf_elmo.finetuning.train_and_report) and the layer
+# weights it learned.
+# ---------------------------------------------------------------------------------------------------------------
+def _split_summary(pipeline_tag: str, report: dict) -> dict[str, float]:
+    """The headline numbers of one evaluated split, by metric name."""
+    if pipeline_tag == "token-classification":
+        summary = {"token accuracy": report["token_accuracy"]}
+        overall = (report.get("entities") or {}).get("overall")
+        if overall:
+            summary.update({"entity precision": overall["precision"], "entity recall": overall["recall"],
+                            "entity F1": overall["f1"]})
+        return summary
+    return {"accuracy": report["accuracy"], "macro F1": report["macro"]["f1"]}
+
+
+def _per_class_rows(pipeline_tag: str, report: dict) -> dict[str, dict]:
+    if pipeline_tag == "token-classification":
+        return {k: v for k, v in (report.get("entities") or {}).items() if k != "overall"}
+    return report.get("classes") or {}
+
+
+def _finetuning_sections(config: ElmoConfig, pipeline_tag: str, training: dict | None, plot: str | None) -> list[str]:
+    labels = {int(i): label for i, label in (config.id2label or {}).items()}
+    sections = [
+        "## Labels",
+        "| id | label |\n|---|---|\n" + "\n".join(f"| {i} | `{labels[i]}` |" for i in sorted(labels)),
+    ]
+    if not training:
+        return sections
+    data = training.get("datasets") or []
+    source = ", ".join(f"[`{d}`](https://huggingface.co/datasets/{d})" for d in data) or f"`{training.get('task')}`"
+    lines = [f"Fine-tuned from `{training.get('model')}` on {source} with hf_elmo's example scripts (the biLM "
+             f"{'frozen' if config.freeze_elmo else 'fine-tuned too'}, a learned scalar mix of its layers, "
+             f"{'a biLSTM and ' if config.head_lstm_dim else ''}a linear classifier)."]
+    if training.get("train_loss") is not None:
+        lines.append(f"Final training loss: {training['train_loss']:.4f}.")
+    sections += ["## Training", " ".join(lines)]
+
+    splits = [split for split in ("validation", "test") if split in training]
+    if splits:
+        summaries = {split: _split_summary(pipeline_tag, training[split]) for split in splits}
+        names = list(summaries[splits[0]])
+        table = "| split | " + " | ".join(names) + " |\n|---|" + "---|" * len(names) + "\n" + "\n".join(
+            f"| {split} | " + " | ".join(f"{summaries[split][n]:.4f}" for n in names) + " |" for split in splits
+        )
+        last = splits[-1]
+        rows = _per_class_rows(pipeline_tag, training[last])
+        kind = "entity type" if pipeline_tag == "token-classification" else "label"
+        if rows:
+            table += f"\n\nPer {kind}, {last}:\n\n| {kind} | precision | recall | F1 | support |\n"
+            table += "|---|---|---|---|---|\n"
+            table += "\n".join(
+                f"| `{k}` | {v['precision']:.4f} | {v['recall']:.4f} | {v['f1']:.4f} | {v['support']} |"
+                for k, v in rows.items()
+            )
+        if pipeline_tag == "token-classification":
+            table += ("\n\nEntity scores are computed with seqeval (default mode: CoNLL `conlleval` chunk rules); "
+                      "every metric comes from `metrics.json` of this run.")
+        else:
+            table += "\n\nEvery metric comes from `metrics.json` of this run."
+        sections += ["## Results", table]
+
+    weights = training.get("layer_weights")
+    if weights:
+        from .finetuning import layer_names
+
+        names = layer_names(len(weights))
+        text = ("The softmax-normalised weight this task learned for each biLM layer (Figure 2 of the ELMo paper): "
+                + ", ".join(f"{n} {w:.3f}" for n, w in zip(names, weights))
+                + (f"; scale gamma {training['gamma']:.3f}." if training.get("gamma") is not None else "."))
+        if plot:
+            text += f"\n\n![Learned ELMo layer weights]({plot})"
+        sections += ["## Learned layer weights", text]
+    return sections
+
+
+def _eval_results(pipeline_tag: str, training: dict | None) -> list[EvalResult] | None:
+    """model-index entries, only when the run used a Hub dataset (the Hub needs a dataset id for each result)."""
+    if not training or not training.get("datasets"):
+        return None
+    dataset = training["datasets"][0]
+    results = []
+    for split in ("validation", "test"):
+        if split not in training:
+            continue
+        for metric, value in _split_summary(pipeline_tag, training[split]).items():
+            results.append(EvalResult(
+                task_type=pipeline_tag, dataset_type=dataset, dataset_name=dataset,
+                dataset_config=training.get("dataset_config"), dataset_split=split,
+                metric_type={"token accuracy": "accuracy", "entity precision": "precision",
+                             "entity recall": "recall", "entity F1": "f1", "macro F1": "f1"}.get(metric, metric),
+                metric_name=metric, metric_value=round(float(value), 4),
+            ))
+    return results or None
 
 
 def elmo_model_card(
@@ -125,11 +250,15 @@ def elmo_model_card(
     checksums: dict[str, dict[str, str]] | None = None,
     repo_id: str | None = None,
     license: str | None = None,
+    training: dict | None = None,
+    layer_weights_plot: str | None = None,
 ) -> ModelCard:
     """
     Card of any ELMo folder (base model or head). `checksums` maps role -> {"file", "sha256"} of the bilm-tf
     source files of a converted model (the content of `bilm_tf_source.json`); `repo_id` goes into the usage
     snippet; `license` is a Hub licence id (default `"other"`: the released ELMo weights state no licence).
+    For a fine-tuned head, `training` is the run's `metrics.json` (metrics, layer weights, and the `base_model` and
+    `datasets` Hub ids when the run had them) and `layer_weights_plot` the relative path of its plot, embedded.
     """
     architecture = architecture_of(config)
     converted = bool(checksums)
@@ -137,11 +266,17 @@ def elmo_model_card(
     n_layers = config.num_lstm_layers + 1
     verification, verification_meta = _verification_section(checksums)
     tags = ["elmo", "bilm", "hf_elmo", "custom_code"] + (["bilm-tf"] if converted else [])
+    is_head = pipeline_tag in ("token-classification", "text-classification")
+    eval_results = _eval_results(pipeline_tag, training) if is_head else None
     data = ModelCardData(
         library_name="transformers",
         pipeline_tag=pipeline_tag,
         tags=tags,
         license=license or "other",
+        base_model=(training or {}).get("base_model") if is_head else None,
+        datasets=(training or {}).get("datasets") or None if is_head else None,
+        model_name=(repo_id or (training or {}).get("task") or architecture).split("/")[-1] if eval_results else None,
+        eval_results=eval_results,
         hf_elmo={
             "architecture": architecture,
             "shape": shape_name(config),
@@ -151,6 +286,10 @@ def elmo_model_card(
             "converted_from_bilm_tf": converted,
             **({"source_sha256": {role: c["sha256"] for role, c in checksums.items()}} if converted else {}),
             "verification": verification_meta,
+            **({"labels": [config.id2label[i] for i in sorted(config.id2label)]} if is_head else {}),
+            **({"task": training.get("task"),
+                "layer_weights": [round(float(w), 4) for w in training.get("layer_weights") or []]}
+               if is_head and training else {}),
         },
     )
     name = repo_id or "PATH_OR_REPO_ID"
@@ -173,6 +312,7 @@ def elmo_model_card(
     sections += [
         "## Usage",
         _usage(config, architecture, name, n_layers),
+        *(_finetuning_sections(config, pipeline_tag, training, layer_weights_plot) if is_head else []),
         "## Outputs: the hidden-state layout",
         f"""For `W` input words, `last_hidden_state` is `(batch, W, {config.hidden_size})`: the top biLSTM layer as
 `[forward; backward]`. With `output_hidden_states=True`, `hidden_states` holds {n_layers} tensors of that shape:

@@ -4,7 +4,8 @@ The folder that is uploaded is prepared first, in a temporary directory, and is 
 the model re-saved with `save_pretrained` (safetensors weights, config with the full `auto_map`, and the code files
 `configuration_elmo.py`, `modeling_elmo.py`, `tokenization_elmo.py` so that it loads with
 `trust_remote_code=True` where hf_elmo is not installed), the tokenizer, the converter's `bilm_tf_source.json`
-when present, any other code or json file of the folder, and a model card generated from the folder's metadata.
+when present, any other code, json or png file of the folder (a fine-tuned head's `metrics.json`, `labels.json` and
+`layer_weights.png`), and a model card generated from the folder's metadata and, for a head, its run's metrics.
 Re-saving also proves that the folder loads before anything is sent. Training state (optimizer, scheduler, RNG,
 Trainer state), weight files in other formats and sub-folders (checkpoints) are left out, and said so.
 
@@ -34,13 +35,17 @@ from .weight_checks import WeightCheckError
 logger = logging.getLogger(__name__)
 
 SOURCE_FILE = "bilm_tf_source.json"
+# Written by the fine-tuning examples (hf_elmo.finetuning.train_and_report); the card shows them.
+METRICS_FILE = "metrics.json"
+LAYER_WEIGHTS_PLOT = "layer_weights.png"
 # Never published: Trainer/Accelerate state and weights in formats other than the re-saved safetensors.
 LEFT_OUT = (
     "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth", "training_args.bin", "trainer_state.json",
     "*.bin", "*.safetensors", "*.safetensors.index.json", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.hdf5", "*.msgpack",
 )
-# Extra top-level files of the folder that are carried over (code and metadata), besides what save_pretrained writes.
-CARRIED = ("*.py", "*.json", "*.txt")
+# Extra top-level files of the folder that are carried over (code, metadata, the layer-weight plot), besides what
+# save_pretrained writes.
+CARRIED = ("*.py", "*.json", "*.txt", "*.png")
 
 
 class PublishError(RuntimeError):
@@ -110,6 +115,23 @@ def _load(model_dir: str):
     return config, model, tokenizer
 
 
+def _read_json(path: str) -> dict | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def read_run_metrics(path: str) -> dict | None:
+    """A fine-tuning run's metrics.json (as train_and_report writes it), else None: other files may share the name."""
+    metrics = _read_json(path)
+    if isinstance(metrics, dict) and isinstance(metrics.get("layer_weights"), list) and "task" in metrics:
+        return metrics
+    if metrics is not None:
+        logger.info("%s is not a fine-tuning run's metrics (no task / layer_weights); the card leaves it out", path)
+    return None
+
+
 def prepare_folder(
     model_dir: str,
     staging: str,
@@ -150,12 +172,17 @@ def prepare_folder(
             # Not a card hf_elmo generated: the user may have written it.
             logger.warning("%s is replaced by a card generated from the folder's metadata; pass --card %s to "
                            "publish it instead", readme, readme)
-        checksums = None
-        source_file = os.path.join(model_dir, SOURCE_FILE)
-        if os.path.isfile(source_file):
-            with open(source_file, encoding="utf-8") as f:
-                checksums = json.load(f)
-        card = elmo_model_card(config, checksums=checksums, repo_id=repo_id, license=license)
+        checksums = _read_json(os.path.join(model_dir, SOURCE_FILE))
+        card = elmo_model_card(
+            config,
+            checksums=checksums,
+            repo_id=repo_id,
+            license=license,
+            training=read_run_metrics(os.path.join(model_dir, METRICS_FILE)),
+            layer_weights_plot=(
+                LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(staging, LAYER_WEIGHTS_PLOT)) else None
+            ),
+        )
     card.save(card_path)
 
     files = sorted(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
 from collections.abc import Mapping
 
 import numpy as np
@@ -67,6 +68,38 @@ _PTB_PATTERN = "|".join(
         rf"({_PUNCT})\1*",
     ]
 )
+# ---------------------------------------------------------------------------------------------
+# The stock token-classification pipeline reads one id per token (`int(input_ids[idx])`) and fails on a row of
+# character ids with "only one element tensors can be converted to Python scalars", which says nothing about the
+# cause. pipeline() picks it for a model object, or for the "ner" alias, even when the model names its own pipeline;
+# the tokenizer is the one ELMo object it calls before that failure, so this is where the mistake is caught.
+# ---------------------------------------------------------------------------------------------
+_STOCK_TOKEN_PIPELINE_MODULE = "transformers.pipelines.token_classification"
+STOCK_TOKEN_PIPELINE_ERROR = (
+    "ElmoTokenizer gives every word a row of character ids, which the stock TokenClassificationPipeline cannot read "
+    "(it expects one id per token). Use the ELMo token-classification pipeline instead: "
+    'pipeline("token-classification", model=FOLDER_OR_REPO_ID, trust_remote_code=True), or in-process '
+    '`from hf_elmo.pipeline_elmo import ElmoTokenClassificationPipeline` and pipeline("token-classification", '
+    "model=model, tokenizer=tokenizer, pipeline_class=ElmoTokenClassificationPipeline)."
+)
+
+
+def _called_from_stock_token_pipeline(max_depth: int = 12) -> bool:
+    """Whether the stock `TokenClassificationPipeline.preprocess` itself (not an override) is calling the tokenizer."""
+    module = sys.modules.get(_STOCK_TOKEN_PIPELINE_MODULE)
+    if module is None:  # never imported in this process, so not in use
+        return False
+    stock = module.TokenClassificationPipeline.preprocess.__code__
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        if frame is None:
+            return False
+        if frame.f_code is stock:
+            return True
+        frame = frame.f_back
+    return False
+
+
 PRE_TOKENIZER_STYLES = ("ptb", "bert", "whitespace")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -649,6 +682,8 @@ class ElmoTokenizer(PreTrainedTokenizer):
         split_special_tokens: bool = False,
         **kwargs,
     ) -> BatchEncoding:
+        if _called_from_stock_token_pipeline():
+            raise ValueError(STOCK_TOKEN_PIPELINE_ERROR)
         if text_pair is not None:
             raise ValueError("ElmoTokenizer encodes single sentences; sentence pairs (text_pair) are not supported.")
         if return_overflowing_tokens:

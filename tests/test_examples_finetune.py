@@ -19,7 +19,7 @@ from hf_elmo.finetuning import (
     TaggedSentence,
     classification_scores,
     entity_scores,
-    entity_spans,
+    has_chunk_tags,
     read_conll,
     read_text_classification_file,
     resolve_checkpoint,
@@ -110,6 +110,20 @@ def test_sequence_classification_example_fits_real_sentences(sequence_example, c
     assert json.loads((output / "labels.json").read_text()) == {"id2label": {"0": "no", "1": "yes"}}
     model = AutoModelForSequenceClassification.from_pretrained(output)
     assert model.config.classifier_pooling == "final" and model.config.id2label == {0: "no", 1: "yes"}
+
+
+def test_sequence_example_runs_on_the_shipped_sample(sequence_example, converted_dir, tmp_path):
+    # examples/data/sentiment is what the README's command points to.
+    data = os.path.join(REPO_ROOT, "examples", "data", "sentiment")
+    assert [len(read_text_classification_file(os.path.join(data, f))) for f in ("train.tsv", "dev.tsv")] == [24, 8]
+    metrics = sequence_example.main([
+        "--model", str(converted_dir), "--train-file", os.path.join(data, "train.tsv"), "--validation-file",
+        os.path.join(data, "dev.tsv"), "--output-dir", str(tmp_path / "sentiment"), "--epochs", "1",
+        "--batch-size", "8",
+    ])
+    assert metrics["task"] == "train"
+    assert {label: s["support"] for label, s in metrics["validation"]["classes"].items()} == {"negative": 4,
+                                                                                             "positive": 4}
 
 
 @pytest.mark.parametrize("name", ["run_token_classification", "run_sequence_classification"])
@@ -218,16 +232,28 @@ def test_sequence_example_rejects_a_single_label(sequence_example, converted_dir
 # ---------------------------------------------------------------------------------------------
 # Metrics
 # ---------------------------------------------------------------------------------------------
-def test_entity_spans_follow_conlleval_chunk_rules():
+def test_entity_scores_follow_conlleval_chunk_rules():
+    def found(tags):
+        # Score the tags against themselves: every entity is found once, so the supports count the entities.
+        return {kind: s["support"] for kind, s in entity_scores([tags], [tags]).items()}
+
     # IOB1 (CoNLL-2003): I- starts an entity after O or another type; B- only separates two same-type entities.
-    assert entity_spans(["I-PER", "I-PER", "I-LOC", "O", "I-ORG", "B-ORG"]) == {
-        ("PER", 0, 2), ("LOC", 2, 3), ("ORG", 4, 5), ("ORG", 5, 6)}
+    assert found(["I-PER", "I-PER", "I-LOC", "O", "I-ORG", "B-ORG"]) == {"LOC": 1, "ORG": 2, "PER": 1, "overall": 4}
     # IOB2 and IOBES.
-    assert entity_spans(["B-PER", "I-PER", "B-PER", "O", "I-LOC"]) == {("PER", 0, 2), ("PER", 2, 3), ("LOC", 4, 5)}
-    assert entity_spans(["S-PER", "B-LOC", "I-LOC", "E-LOC", "E-LOC"]) == {("PER", 0, 1), ("LOC", 1, 4), ("LOC", 4, 5)}
-    # Labels without a prefix: a run of the same label is one entity.
-    assert entity_spans(["PER", "PER", "O", "LOC"]) == {("PER", 0, 2), ("LOC", 3, 4)}
-    assert entity_spans([]) == set() and entity_spans(["O", "O"]) == set()
+    assert found(["B-PER", "I-PER", "B-PER", "O", "I-LOC"]) == {"LOC": 1, "PER": 2, "overall": 3}
+    assert found(["S-PER", "B-LOC", "I-LOC", "E-LOC", "E-LOC"]) == {"LOC": 2, "PER": 1, "overall": 3}
+    assert found(["O", "O"]) == {"overall": 0}
+    # A boundary error is a miss, not a partial hit: I-LOC I-LOC predicted as one entity then another.
+    scores = entity_scores([["I-LOC", "I-LOC"]], [["I-LOC", "B-LOC"]])
+    assert scores["LOC"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1}
+
+
+def test_entity_scores_refuse_tags_without_a_chunk_prefix():
+    # seqeval would read POS tags such as NNP as chunks of type "NP"; the example reports token accuracy instead.
+    assert has_chunk_tags(["O", "B-PER", "I-PER", "E-LOC", "S-MISC"])
+    assert not has_chunk_tags(["NNP", "VBZ", "O"]) and not has_chunk_tags(["PER"]) and not has_chunk_tags(["B-"])
+    with pytest.raises(ValueError, match=r"tags \['LOC', 'PER'\] are neither O nor B-/I-/E-/S- plus a type"):
+        entity_scores([["PER", "O"]], [["LOC", "O"]])
 
 
 def test_entity_scores_exact_values():
@@ -241,6 +267,15 @@ def test_entity_scores_exact_values():
     assert scores["overall"] == {"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 4}
     with pytest.raises(ValueError, match="sentence 1 has 4 gold tags but 3 predicted"):
         entity_scores(gold, [predicted[0], predicted[1][:3]])
+
+
+def test_token_example_reports_token_accuracy_alone_for_pos_tags(token_example, caplog):
+    gold, predicted = [["NNP", "VBZ", "."]], [["NNP", "NN", "."]]
+    report = token_example.evaluation_report(gold, predicted, chunk_tags=False)
+    assert report == {"token_accuracy": pytest.approx(2 / 3)}
+    with caplog.at_level("INFO", logger="run_token_classification"):
+        token_example.log_report("validation", report)
+    assert [r.getMessage() for r in caplog.records] == ["validation: token accuracy 0.6667"]
 
 
 def test_classification_scores_exact_values():

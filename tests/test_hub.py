@@ -80,12 +80,14 @@ def test_card_of_other_converted_weights_says_what_was_verified(converted_dir):
     assert "reproduces bilm-tf's file layout bit for bit" in card.text
 
 
-def test_card_of_a_head_names_its_task_and_auto_class(converted_dir):
+def test_card_of_a_head_names_its_task_and_pipeline(converted_dir):
     config = ElmoConfig.from_pretrained(converted_dir, architectures=["ElmoForTokenClassification"])
     card = elmo_model_card(config, repo_id="someone/elmo-ner", license="apache-2.0")
     assert card.data.pipeline_tag == "token-classification" and card.data.license == "apache-2.0"
     assert "bilm-tf" not in card.data.tags and "source_sha256" not in card.data.hf_elmo
-    assert 'AutoModelForTokenClassification.from_pretrained("someone/elmo-ner", trust_remote_code=True)' in card.text
+    assert ('pipeline("token-classification", model="someone/elmo-ner", trust_remote_code=True, '
+            'aggregation_strategy="simple")') in card.text
+    assert card.data.hf_elmo["labels"] == ["LABEL_0", "LABEL_1"] and "| 1 | `LABEL_1` |" in card.text
     assert "This model was not converted from bilm-tf files." in card.text
     assert "This model is published under `apache-2.0`." in card.text
 
@@ -235,3 +237,127 @@ def test_dry_run_folder_loads_without_hf_elmo(converted_dir, tmp_path):
     shutil.rmtree(prepared.path)
     assert report["module"].startswith("transformers_modules.") and report["vocab"] == 458
     assert (torch.tensor(report["top"]) - expected.last_hidden_state).abs().max() <= 1e-6
+
+
+# ---------------------------------------------------------------------------------------------- fine-tuned heads
+def load_example(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, "examples", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_ner_example(converted_dir, fixtures_root, output, *options):
+    conll = str(fixtures_root / "data" / "conll2003.txt")
+    return load_example("run_token_classification").main([
+        "--model", str(converted_dir), "--train-file", conll, "--validation-file", conll, "--output-dir", str(output),
+        "--epochs", "2", "--batch-size", "2", "--learning-rate", "0.05", "--dropout", "0", "--task-name", "ner",
+        *options,
+    ])
+
+
+def test_fine_tuned_card_shows_labels_metrics_and_the_plot(converted_dir, fixtures_root, tmp_path):
+    output = tmp_path / "ner"
+    metrics = run_ner_example(converted_dir, fixtures_root, output)
+    local = ModelCard.load(output / "README.md")  # written by the example run
+    prepared, _ = publish(str(output), "someone/elmo-ner", dry_run=True)
+    try:
+        assert {"layer_weights.png", "metrics.json", "labels.json", "README.md"} <= set(prepared.files)
+        assert not any(name.startswith("checkpoint-") for name in prepared.files)
+        card = ModelCard.load(prepared.card_path)
+    finally:
+        shutil.rmtree(prepared.path)
+    for text in (card.text, local.text):
+        assert "| 0 | `O` |\n| 1 | `I-LOC` |\n| 2 | `I-ORG` |\n| 3 | `I-PER` |" in text
+        assert "![Learned ELMo layer weights](layer_weights.png)" in text
+    validation = metrics["validation"]
+    overall = validation["entities"]["overall"]
+    assert (f"| validation | {validation['token_accuracy']:.4f} | {overall['precision']:.4f} | "
+            f"{overall['recall']:.4f} | {overall['f1']:.4f} |") in card.text
+    per = validation["entities"]["PER"]
+    assert f"| `PER` | {per['precision']:.4f} | {per['recall']:.4f} | {per['f1']:.4f} | 2 |" in card.text
+    weights = metrics["layer_weights"]
+    assert f"token layer {weights[0]:.3f}, biLSTM 1 {weights[1]:.3f}, biLSTM 2 {weights[2]:.3f}" in card.text
+    assert ('pipeline("token-classification", model="someone/elmo-ner", trust_remote_code=True, '
+            'aggregation_strategy="simple")') in card.text
+    assert "model(**batch)" not in card.text
+    meta = card.data.to_dict()
+    assert meta["pipeline_tag"] == "token-classification"
+    assert meta["hf_elmo"]["labels"] == ["O", "I-LOC", "I-ORG", "I-PER"] and meta["hf_elmo"]["task"] == "ner"
+    # A local base model and local files are not Hub ids: no base_model / datasets / model-index metadata.
+    assert "base_model" not in meta and "datasets" not in meta and "model-index" not in meta
+
+
+def test_fine_tuned_card_metadata_for_hub_model_and_dataset(converted_dir):
+    config = ElmoConfig.from_pretrained(converted_dir, architectures=["ElmoForSequenceClassification"],
+                                        id2label={0: "negative", 1: "positive"})
+    training = {
+        "task": "imdb", "model": "someone/elmo-original", "base_model": "someone/elmo-original",
+        "datasets": ["stanfordnlp/imdb"], "dataset_config": None, "train_loss": 0.3125,
+        "layer_weights": [0.25, 0.5, 0.25], "gamma": 1.5,
+        "test": {"accuracy": 0.875, "macro": {"precision": 0.9, "recall": 0.85, "f1": 0.86},
+                 "classes": {"negative": {"precision": 0.8, "recall": 1.0, "f1": 0.8889, "support": 4},
+                             "positive": {"precision": 1.0, "recall": 0.75, "f1": 0.8571, "support": 4}}},
+    }
+    card = elmo_model_card(config, repo_id="someone/elmo-imdb", training=training)
+    again = ModelCard(str(card))  # what the Hub parses
+    assert again.data.base_model == "someone/elmo-original" and again.data.datasets == ["stanfordnlp/imdb"]
+    results = {(r.dataset_split, r.metric_name): (r.metric_type, r.metric_value) for r in again.data.eval_results}
+    assert results == {("test", "accuracy"): ("accuracy", 0.875), ("test", "macro F1"): ("f1", 0.86)}
+    assert again.data.model_name == "elmo-imdb"
+    assert "| test | 0.8750 | 0.8600 |" in card.text
+    assert "| `positive` | 1.0000 | 0.7500 | 0.8571 | 4 |" in card.text
+    assert "[`stanfordnlp/imdb`](https://huggingface.co/datasets/stanfordnlp/imdb)" in card.text
+    assert 'pipeline("text-classification", model="someone/elmo-imdb", trust_remote_code=True)' in card.text
+    assert "![Learned ELMo layer weights]" not in card.text  # no plot given
+
+
+def test_example_push_to_hub_pushes_the_finished_folder_with_its_card(converted_dir, fixtures_root, tmp_path, hub,
+                                                                     monkeypatch):
+    import huggingface_hub.hf_api
+
+    # upload_folder's streamed (xet) path bypasses create_commit; the classic path commits through it. It also asks
+    # the Hub to validate the card's YAML: parsed locally here instead.
+    monkeypatch.setattr(huggingface_hub.hf_api, "is_xet_available", lambda: False)
+    validated = []
+    monkeypatch.setattr(HfApi, "_validate_yaml", lambda self, content, **kwargs: validated.append(ModelCard(content)))
+    output = tmp_path / "ner"
+    metrics = run_ner_example(converted_dir, fixtures_root, output, "--push-to-hub", "--hub-model-id",
+                              "someone/elmo-ner", "--hub-private-repo")
+    assert hub[0] == ("create_repo", "someone/elmo-ner", {"token": None, "private": True, "exist_ok": True})
+    commits = [call for call in hub if call[0] == "create_commit"]
+    assert {call[1] for call in commits} == {"someone/elmo-ner"}
+    _, _, kwargs, uploaded = commits[-1]
+    assert kwargs["commit_message"] == "End of training"
+    assert {"README.md", "metrics.json", "labels.json", "layer_weights.png", "model.safetensors", "config.json",
+            "modeling_elmo.py", "pipeline_elmo.py", "tokenization_elmo.py"} <= set(uploaded)
+    assert not any(name.startswith("checkpoint-") for name in uploaded)
+    assert json.loads(uploaded["metrics.json"]) == json.loads((output / "metrics.json").read_text())
+    card = uploaded["README.md"].decode()
+    assert "![Learned ELMo layer weights](layer_weights.png)" in card
+    assert f"| validation | {metrics['validation']['token_accuracy']:.4f} |" in card
+    assert 'model="someone/elmo-ner", trust_remote_code=True' in card
+    assert validated[-1].data.hf_elmo["labels"] == ["O", "I-LOC", "I-ORG", "I-PER"]
+
+
+def test_example_hub_and_report_options(monkeypatch, tmp_path):
+    from hf_elmo.finetuning import training_arguments
+
+    module = load_example("run_sequence_classification")
+    base = ["--model", "m", "--train-file", "t.tsv", "--output-dir", str(tmp_path / "out")]
+    args = module.parse_args(base)
+    assert args.report_to == ["none"] and training_arguments(args, evaluate=False).report_to == []
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    args = module.parse_args(base + ["--push-to-hub", "--hub-model-id", "someone/x", "--report-to", "tensorboard"])
+    training = training_arguments(args, evaluate=False)
+    assert (training.push_to_hub, training.hub_model_id, training.report_to) == (True, "someone/x", ["tensorboard"])
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(SystemExit):
+        module.parse_args(base + ["--push-to-hub"])
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(SystemExit):
+        module.parse_args(base + ["--hub-model-id", "someone/x"])

@@ -2,6 +2,7 @@
 extraction, in this process and in one where hf_elmo cannot be imported (trust_remote_code=True)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from transformers import (
     AutoTokenizer,
     DataCollatorForTokenClassification,
     DataCollatorWithPadding,
+    TokenClassificationPipeline,
     pipeline,
 )
 
@@ -164,6 +166,30 @@ def test_token_classification_from_a_folder(ner_folder):
         pipeline("token-classification", model=str(ner_folder))
 
 
+def test_stock_token_pipeline_used_by_mistake_names_the_right_call(ner_folder):
+    model = AutoModelForTokenClassification.from_pretrained(ner_folder)
+    tokenizer = AutoTokenizer.from_pretrained(ner_folder)
+    # A model object: pipeline() never reads config.custom_pipelines for it, so the stock class is chosen.
+    stock = pipeline("token-classification", model=model, tokenizer=tokenizer)
+    assert type(stock) is TokenClassificationPipeline
+    right_call = re.escape('pipeline("token-classification", model=model, tokenizer=tokenizer, '
+                           "pipeline_class=ElmoTokenClassificationPipeline)")
+    with pytest.raises(ValueError, match=right_call):
+        stock(TEXT)
+    with pytest.raises(ValueError, match=re.escape('model=FOLDER_OR_REPO_ID, trust_remote_code=True')):
+        stock([w for w, _, _ in TEXT_WORDS], is_split_into_words=True)
+    # The "ner" alias is not a key of custom_pipelines either, so even a folder gets the stock class.
+    alias = pipeline("ner", model=str(ner_folder))
+    assert type(alias) is TokenClassificationPipeline
+    with pytest.raises(ValueError, match="the stock TokenClassificationPipeline cannot read"):
+        alias(TEXT)
+    # Only that pipeline is refused: the same objects work everywhere else.
+    assert tokenizer(TEXT, return_tensors="pt")["input_ids"].shape == (1, 7, 50)
+    ours = pipeline("token-classification", model=model, tokenizer=tokenizer,
+                    pipeline_class=ElmoTokenClassificationPipeline, aggregation_strategy="simple")
+    assert [e["word"] for e in ours(TEXT)] == ["Joel Grus", "New York"]
+
+
 def test_text_classification_and_feature_extraction(sentiment_folder, converted_dir):
     model = AutoModelForSequenceClassification.from_pretrained(sentiment_folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(sentiment_folder)
@@ -203,6 +229,10 @@ REMOTE_SCRIPT = """
         "classify": classify(spec["texts"]),
         "features": extract(spec["text"]),
     }
+    try:
+        transformers.pipeline("ner", model=spec["ner"], trust_remote_code=True)(spec["text"])
+    except ValueError as error:
+        report["stock_error"] = str(error)
     for entities in (report["none"], report["simple"]):
         for e in entities:
             e["score"] = float(e["score"])
@@ -217,6 +247,7 @@ def test_pipelines_without_hf_elmo_installed(ner_folder, sentiment_folder, tmp_p
     assert report["classes"][0].startswith("transformers_modules.")
     assert report["classes"][0].endswith(".pipeline_elmo.ElmoTokenClassificationPipeline")
     assert all(m.startswith("transformers_modules.") for m in report["models"])
+    assert "pipeline_class=ElmoTokenClassificationPipeline" in report["stock_error"]
 
     local = pipeline("token-classification", model=str(ner_folder), trust_remote_code=True)
     assert simplify(report["none"]) == simplify(local(TEXT, aggregation_strategy="none"))
