@@ -87,6 +87,9 @@ def machine_description(device: str) -> dict:
         "python": platform.python_version(),
         "kernel": platform.release(),
     }
+    # Settings that change how the BLAS and OpenMP threads behave (e.g. OMP_WAIT_POLICY=PASSIVE on a shared host).
+    description["env"] = {k: v for k, v in sorted(os.environ.items())
+                          if k.startswith(("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "DNNL_", "ONEDNN_"))}
     if device == "cuda":
         properties = torch.cuda.get_device_properties(0)
         description["gpu"] = {
@@ -222,7 +225,7 @@ def time_passes(run_batch, n_batches: int, repeats: int, parts: PartTimer, wait_
     synchronize()
     warmup = time.perf_counter() - start
     parts.take()
-    records, quiet = [], []  # records[r][i] = (seconds, {part: seconds}) of pass r, batch i
+    records, quiet = [], []  # records[r][i] = (seconds, {part: seconds}, cpu seconds) of pass r, batch i
     for _ in range(repeats):
         quiet.append(wait_until_quiet(wait_quiet_s))
         if before_pass:
@@ -230,10 +233,10 @@ def time_passes(run_batch, n_batches: int, repeats: int, parts: PartTimer, wait_
         row = []
         for i in range(n_batches):
             synchronize()
-            start = time.perf_counter()
+            cpu_start, start = time.process_time(), time.perf_counter()
             run_batch(i)
             synchronize()
-            row.append((time.perf_counter() - start, parts.take()))
+            row.append((time.perf_counter() - start, parts.take(), time.process_time() - cpu_start))
         records.append(row)
     return {"records": records, "warmup_s": warmup, "busy_before_passes": quiet}
 
@@ -244,11 +247,12 @@ def summarize(timing: dict, n_words: int) -> dict:
     spoils one pass of a batch, rarely all of them. The median and best whole passes are given beside it.
     """
     records = timing["records"]
-    passes = [sum(seconds for seconds, _ in row) for row in records]
+    passes = [sum(record[0] for record in row) for row in records]
     fastest = [min((row[i] for row in records), key=lambda record: record[0]) for i in range(len(records[0]))]
-    total = sum(seconds for seconds, _ in fastest)
+    total = sum(record[0] for record in fastest)
+    cpu = [sum(record[2] for record in row) for row in records]
     split = {}
-    for _, parts in fastest:
+    for _, parts, _ in fastest:
         for name, seconds in parts.items():
             split[name] = split.get(name, 0.0) + seconds
     split["other"] = total - sum(split.values())
@@ -257,7 +261,11 @@ def summarize(timing: dict, n_words: int) -> dict:
         "tokens_per_s_median_pass": round(n_words / statistics.median(passes), 1),
         "tokens_per_s_best_pass": round(n_words / min(passes), 1),
         "pass_s": [round(p, 4) for p in passes],
-        "fastest_batch_s": [round(seconds, 4) for seconds, _ in fastest],
+        "fastest_batch_s": [round(record[0], 4) for record in fastest],
+        # Process CPU seconds (all threads) per pass / wall seconds: about the thread count on an idle machine;
+        # less where other processes take the CPUs, or where OpenMP threads wait for a preempted partner.
+        "cpu_s_per_pass": [round(c, 3) for c in cpu],
+        "cpu_over_wall": [round(c / w, 2) for c, w in zip(cpu, passes)],
         "warmup_batch_s": round(timing["warmup_s"], 4),
         "split_s": {name: round(seconds, 4) for name, seconds in split.items()},
         "split_fraction": {name: round(seconds / total, 3) for name, seconds in split.items()},

@@ -167,6 +167,8 @@ def main():
             "split_s_first_round": {"hf_elmo": ours[0]["split_s"], "allennlp": peers[0]["split_s"]},
             "max_abs_diff_vs_reference": max(o["max_abs_diff_vs_reference"] or 0 for o in ours),
             "max_abs_diff_vs_allennlp": max_layer_difference(peer_out, ours_out),
+            "cpu_over_wall_median": {"hf_elmo": statistics.median(x for o in ours for x in o["cpu_over_wall"]),
+                                     "allennlp": statistics.median(x for p in peers for x in p["cpu_over_wall"])},
             "busy_before_passes": {"hf_elmo": [o["busy_before_passes"] for o in ours],
                                    "allennlp": [p["busy_before_passes"] for p in peers]},
         }
@@ -174,6 +176,7 @@ def main():
     summary["cpu"] = machine["cpu"]
     summary["blas"] = {k: machine["blas"][k] for k in ("blas", "cpu_capability", "mkldnn_available")}
     summary["torch"] = machine["torch"]
+    summary["env"] = machine["env"]
     summary["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(summary, ensure_ascii=False), flush=True)
 
