@@ -25,7 +25,10 @@ the CPU model with its vector extensions and the BLAS, the date (UTC) and the ma
 
 The AllenNLP side needs `overrides` 3.x besides this project's requirements (pip install 'overrides>=3,<4')
 and fetches the allennlp 0.9.0 wheel with pip on first use (or give --wheel). Timings are only comparable
-within one run: other processes on the machine move both sides' figures.
+within one run: other processes on the machine move both sides' figures. On a host shared with other busy
+processes, two OpenMP threads that spin while waiting for a preempted partner can make either side several
+times slower; `OMP_WAIT_POLICY=PASSIVE python benchmarks/side_by_side.py ...` (both children inherit it, and
+the JSON lines record it) keeps that from dominating. cpu_over_wall near the thread count means a quiet host.
 
 Examples:
   python benchmarks/side_by_side.py                                # small and original, real text, 3 rounds
