@@ -17,7 +17,8 @@ What it runs:
 How it times (bench_utils.py, the same code the AllenNLP peer uses):
   eval, torch.no_grad; char ids are made up front (char_ids_s); one untimed warm-up batch; then --repeats
   passes over all batches. tokens_per_s = words (no <S>/</S>, no padding) / the sum over batches of each
-  batch's fastest pass. split_s: time inside model.char_encoder and model.bilstm (on cuda the hooks
+  batch's fastest pass. split_s: time in the char CNN and the biLSTM (the chosen implementation's two
+  functions, or the forward of model.char_encoder and model.bilstm in older models; on cuda the timers
   synchronize the device, which costs a little).
 
 What it reports, beside the speed: words and distinct words per batch (per-distinct-word shortcuts pay more
@@ -100,6 +101,26 @@ def select_implementation(model: ElmoModel, name: str) -> str:
                  "so no 'cuda' implementation; use --implementation auto, cpu or reference")
     model.char_encoder.use_fast_path = model.bilstm.use_fast_path = name != "reference"
     return "use_fast_path"
+
+
+def watch_parts(model: ElmoModel, parts: bench_utils.PartTimer):
+    """
+    Count the time of the char CNN and the biLSTM. With the implementation switch the model calls the chosen
+    implementation's functions (ELMO_IMPLEMENTATIONS), not always the modules' forward, so those are wrapped;
+    older models run the modules, which get forward hooks.
+    """
+    import dataclasses
+
+    module = sys.modules[type(model).__module__]
+    table = getattr(module, "ELMO_IMPLEMENTATIONS", None)
+    if table is None:
+        parts.watch("char_cnn", model.char_encoder)
+        parts.watch("lstm", model.bilstm)
+        return
+    for name, implementation in list(table.items()):
+        table[name] = dataclasses.replace(implementation,
+                                          token_vectors=parts.wrap("char_cnn", implementation.token_vectors),
+                                          bilstm=parts.wrap("lstm", implementation.bilstm))
 
 
 def main():
@@ -185,8 +206,7 @@ def main():
     char_ids_s = time.perf_counter() - start
 
     parts = bench_utils.PartTimer(synchronize)
-    parts.watch("char_cnn", model.char_encoder)
-    parts.watch("lstm", model.bilstm)
+    watch_parts(model, parts)
 
     bench_utils.release_freed_memory()
     rss_after_load = bench_utils.proc_status_mib("VmRSS")

@@ -199,6 +199,21 @@ class PartTimer:
         module.register_forward_pre_hook(before)
         module.register_forward_hook(after)
 
+    def wrap(self, name: str, function):
+        """`function`, counting its wall time under `name` (for code that does not go through a module's forward)."""
+        self.seconds.setdefault(name, 0.0)
+
+        def timed(*args, **kwargs):
+            self._synchronize()
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._synchronize()
+                self.seconds[name] += time.perf_counter() - start
+
+        return timed
+
     def take(self) -> dict[str, float]:
         """The seconds counted since the last call, and a fresh start."""
         taken = dict(self.seconds)
