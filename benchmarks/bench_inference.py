@@ -1,47 +1,49 @@
 #!/usr/bin/env python
-"""Inference benchmark of hf_elmo's ElmoModel on bilm-tf weights. Prints ONE JSON line.
+"""Time hf_elmo's ElmoModel on a workload of sentences and print ONE JSON line.
 
-  python benchmarks/bench_inference.py --options O.json --weights W.hdf5
-      [--batch-size 32] [--n-sentences 64] [--threads 2] [--repeats 3] [--dtype fp32|bf16]
-      [--cache-vocab] [--path fast|reference] [--wait-quiet SECONDS] [--load converted|hdf5]
+What it runs:
+  - Weights: random weights of a published shape (--config small|medium|original, or tiny for smoke tests),
+    written once in bilm-tf's hdf5 layout by random_bilm.py (speed depends on shapes, not values), or any
+    bilm-tf pair (--options/--weights). By default the pair is converted once, in a child process, into a
+    Hugging Face folder under --cache-dir, and timed after `ElmoModel.from_pretrained`, the way users load
+    ELMo (--load hdf5 reads the .hdf5 in this process instead; h5py then counts in the memory figures).
+  - Text: real running text by default, the Wikipedia sample of hf_elmo.testing_utils (4000 sentences,
+    fetched once with pip from the gensim 4.4.0 wheel), or --text FILE (one sentence per line). Lines are
+    split into words by ElmoTokenizer's "ptb" pre-tokenizer, or on spaces with --pretokenized.
+    --n-sentences of them are taken, evenly spaced over the file, and batched in file order (no sorting).
+    --synthetic instead draws words from the earlier ~200-word list (for comparison with old figures; its
+    words repeat far more than real text's).
 
-Made to be read next to the AllenNLP peer (/work/shared/peers/allennlp/bench_peer.py): give it the
-`{config}_options.json` / `{config}_random_weights.hdf5` that the peer writes, and both sides run the
-same weights on the same workload (`workload_sha1` must match).
+How it times (bench_utils.py, the same code the AllenNLP peer uses):
+  eval, torch.no_grad; char ids are made up front (char_ids_s); one untimed warm-up batch; then --repeats
+  passes over all batches. tokens_per_s = words (no <S>/</S>, no padding) / the sum over batches of each
+  batch's fastest pass. split_s: time in the char CNN and the biLSTM (the chosen implementation's two
+  functions, or the forward of model.char_encoder and model.bilstm in older models; on cuda the timers
+  synchronize the device, which costs a little).
 
-Loading (--load): by default the bilm-tf files are converted once, in a child process, into a Hugging Face
-folder cached under --cache-dir (keyed by the files' paths, sizes and times), and the timed model comes from
-`ElmoModel.from_pretrained` on it, the way users load ELMo. `--load hdf5` reads the .hdf5 in this process
-instead (then h5py and its buffers count in the RSS, ~10 MiB more).
+What it reports, beside the speed: words and distinct words per batch (per-distinct-word shortcuts pay more
+when words repeat); peak RSS (cpu: VmHWM, restarted after loading, once the freed loading buffers are given
+back to the OS) or peak GPU memory (cuda: torch.cuda.max_memory_allocated after loading, weights included);
+the CPU model and its vector extensions (AVX2, AVX-512, avx512_bf16, AMX), the BLAS and oneDNN torch was
+built with, the GPU name on cuda, and versions. max_abs_diff_vs_reference: after timing, every batch is run
+again through the timed setup and through the "reference" implementation of an fp32 model on the same
+device, and the largest difference over all output layers is given (with --dtype bf16: the bf16 error).
 
-Workload: the peer's `make_workload` (an LCG, seed 42, 5-40 words a sentence from a fixed word list),
-batched in order, no sorting. Char ids are made once up front (reported as `char_ids_s`).
+--implementation picks the model's implementation: passed to model.set_elmo_implementation() where the model
+has that method ("auto" passes None: the model's own choice). Older models without it have two paths:
+"reference" sets use_fast_path = False, "cpu" and "auto" keep the fast path, "cuda" is refused.
 
-Timing: eval() under torch.no_grad(). One untimed warm-up forward on batch 0, then --repeats timed
-passes over all batches. tokens_per_s = words (no <S>/</S>, no padding) / the sum over batches of each
-batch's fastest repeat. The char-CNN / LSTM split comes from forward hooks on `model.char_encoder` and
-`model.bilstm`.
-
-Peak RSS: after loading, the freed loading buffers are handed back to the OS (glibc malloc_trim) and VmHWM
-is reset through /proc/self/clear_refs; VmHWM is read after the timed passes (the fidelity check below runs
-after that, so it does not count). The weights themselves and the Python/torch/transformers runtime count.
-
-Shared machine: --wait-quiet S waits (up to S seconds) before each timed pass until other processes use
-less than 15% of the CPUs, and the load is recorded, as the peer does.
-
-Fidelity: after timing, every batch is run once more through the timed path and through the reference
-path (`use_fast_path = False`, fp32, no cache) of an fp32 model, and the largest absolute difference over
-all output layers is reported (`max_abs_diff_vs_reference`); with --dtype bf16 this is the bf16 error.
+Examples:
+  python benchmarks/bench_inference.py --config original                 # real text, cpu, fp32, 2 threads
+  python benchmarks/bench_inference.py --config small --synthetic --repeats 3
+  python benchmarks/bench_inference.py --config original --dtype bf16 --text my_sentences.txt
+  python benchmarks/bench_inference.py --device cuda --config original --batch-size 256 --n-sentences 1024
 """
 
 import argparse
-import ctypes
-import gc
 import hashlib
 import json
 import os
-import platform
-import resource
 import subprocess
 import sys
 import time
@@ -49,278 +51,233 @@ import time
 import torch
 
 
-sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+for _path in (HERE, REPO):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import bench_utils  # noqa: E402
+import random_bilm  # noqa: E402
+import workload  # noqa: E402
 
 from hf_elmo.bilm_tf import config_from_options, read_options, read_weights  # noqa: E402
-from hf_elmo.configuration_elmo import word_to_char_ids  # noqa: E402
 from hf_elmo.modeling_elmo import ElmoModel  # noqa: E402
+from hf_elmo.tokenization_elmo import ElmoTokenizer  # noqa: E402
 
 
-# The peer's workload, kept identical (its word list and LCG) so that workload_sha1 matches.
-WORDS = ("the of and to a in that is was he for it with as his on be at by I this had not are but "
-         "from or have an they which one you were her all she there would their we him been has when "
-         "who will more no if out so said what up its about into than them can only other new some "
-         "could time these two may then do first any my now such like our over man me even most made "
-         "after also did many before must through back years where much your way well down should "
-         "because each just those people Mr. how too little state good very make world still own see "
-         "men work long get here between both life being under never day same another know while last "
-         "might us great old year off come since against go came right used take three , . ; : ' \" ( ) "
-         "-- 1984 3.14 U.S. New-York Prevention Argentinian seventh-seeded peacemaking unflattering "
-         "bio-identical controversial Congestion Nalbandian Washington mildness outbreaks disambiguate "
-         "internationalization représentation naïve café Zürich straße Ελληνικά русский 日本語 😀").split()
-
-
-def make_workload(n_sentences: int, seed: int = 42) -> list[list[str]]:
-    x = seed
-    sentences = []
-    for _ in range(n_sentences):
-        x = (1103515245 * x + 12345) % (2**31)
-        n = 5 + (x % 36)
-        words = []
-        for _ in range(n):
-            x = (1103515245 * x + 12345) % (2**31)
-            words.append(WORDS[x % len(WORDS)])
-        sentences.append(words)
-    return sentences
-
-
-def char_ids(batch: list[list[str]], width: int) -> torch.Tensor:
-    ids = torch.zeros(len(batch), max(len(s) for s in batch), width, dtype=torch.long)
-    for row, sentence in enumerate(batch):
-        ids[row, : len(sentence)] = torch.tensor([word_to_char_ids(w, width) for w in sentence])
-    return ids
-
-
-def vm(key: str) -> float | None:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024.0  # MiB
-    return None
-
-
-def reset_hwm() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def load_model(options: str, weights: str, dtype: torch.dtype) -> ElmoModel:
-    config = config_from_options(read_options(options), source=options)
-    with torch.device("meta"):  # no random initialisation: every weight comes from the file
-        model = ElmoModel(config)
-    state_dict = read_weights(weights, config)
-    model.load_state_dict(state_dict, strict=True, assign=True)
-    del state_dict
-    return model.to(dtype).eval()
+IMPLEMENTATIONS = ("auto", "reference", "cpu", "cuda")
 
 
 def converted_folder(options: str, weights: str, cache_dir: str) -> str:
-    """The bilm-tf pair converted to a Hugging Face folder, once (in a child process: no h5py in this one)."""
+    """The bilm-tf pair as a Hugging Face folder, converted once in a child process (so no h5py in this one)."""
     key = "|".join(f"{os.path.abspath(p)}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}" for p in (options, weights))
-    folder = os.path.join(cache_dir, hashlib.sha1(key.encode()).hexdigest()[:16])
+    folder = os.path.join(cache_dir, "converted", hashlib.sha1(key.encode()).hexdigest()[:16])
     if not os.path.isfile(os.path.join(folder, "config.json")):
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
         command = [sys.executable, "-m", "hf_elmo.cli", "convert", "--options", options, "--weights", weights,
                    "--output", folder, "--overwrite", "--no-progress"]
-        result = subprocess.run(command, env=env, capture_output=True, text=True)
-        if result.returncode != 0:
-            sys.exit(f"converting {weights} failed:\n{result.stderr[-3000:]}")
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"bench_inference: converting {weights} failed:\n{done.stderr[-3000:]}")
     return folder
 
 
-def release_freed_memory():
-    """Hand the heap memory freed after loading back to the OS (glibc keeps it), so it is not counted as in use."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+def load_from_hdf5(options: str, weights: str, dtype: torch.dtype) -> ElmoModel:
+    config = config_from_options(read_options(options), source=options)
+    with torch.device("meta"):  # no random initialisation: every weight comes from the file
+        model = ElmoModel(config)
+    model.load_state_dict(read_weights(weights, config), strict=True, assign=True)
+    return model.to(dtype).eval()
 
 
-def cpu_busy_fraction(interval: float = 0.5) -> float:
-    """Fraction of all CPUs busy over `interval` seconds (any process), from /proc/stat."""
-
-    def sample():
-        with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:]]
-        return sum(values), values[3] + values[4]  # total, idle + iowait
-
-    total0, idle0 = sample()
-    time.sleep(interval)
-    total1, idle1 = sample()
-    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+def select_implementation(model: ElmoModel, name: str) -> str:
+    """Apply --implementation; returns how it was applied."""
+    if hasattr(model, "set_elmo_implementation"):
+        model.set_elmo_implementation(None if name == "auto" else name)
+        return "set_elmo_implementation"
+    if name == "cuda":
+        sys.exit("bench_inference: this hf_elmo has no implementation switch yet (no set_elmo_implementation), "
+                 "so no 'cuda' implementation; use --implementation auto, cpu or reference")
+    model.char_encoder.use_fast_path = model.bilstm.use_fast_path = name != "reference"
+    return "use_fast_path"
 
 
-def wait_quiet(timeout_s: float, threshold: float = 0.15) -> float:
-    deadline = time.time() + timeout_s
-    busy = cpu_busy_fraction()
-    while busy > threshold and time.time() < deadline:
-        busy = cpu_busy_fraction()
-    return round(busy, 3)
+def watch_parts(model: ElmoModel, parts: bench_utils.PartTimer):
+    """
+    Count the time of the char CNN and the biLSTM. With the implementation switch the model calls the chosen
+    implementation's functions (ELMO_IMPLEMENTATIONS), not always the modules' forward, so those are wrapped;
+    older models run the modules, which get forward hooks.
+    """
+    import dataclasses
 
-
-def set_path(model: ElmoModel, path: str):
-    model.char_encoder.use_fast_path = model.bilstm.use_fast_path = path == "fast"
+    module = sys.modules[type(model).__module__]
+    table = getattr(module, "ELMO_IMPLEMENTATIONS", None)
+    if table is None:
+        parts.watch("char_cnn", model.char_encoder)
+        parts.watch("lstm", model.bilstm)
+        return
+    for name, implementation in list(table.items()):
+        table[name] = dataclasses.replace(implementation,
+                                          token_vectors=parts.wrap("char_cnn", implementation.token_vectors),
+                                          bilstm=parts.wrap("lstm", implementation.bilstm))
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--options", required=True, help="bilm-tf options.json (e.g. the peer's {config}_options.json)")
-    ap.add_argument("--weights", required=True, help="bilm-tf weights .hdf5 (e.g. {config}_random_weights.hdf5)")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--n-sentences", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3, help="timed passes over the workload")
-    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    ap.add_argument("--cache-vocab", action="store_true",
-                    help="enable the token-vector cache and fill it with the workload's vocabulary before timing "
-                         "(the counterpart of the peer's --mode cached)")
-    ap.add_argument("--path", choices=["fast", "reference"], default="fast",
-                    help="time the fast path (default) or the straightforward reference path")
-    ap.add_argument("--load", choices=["converted", "hdf5"], default="converted",
-                    help="converted (default): convert once in a child process and load the folder with "
-                         "from_pretrained; hdf5: read the .hdf5 in this process")
-    ap.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "hf_elmo_bench"),
-                    help="where converted folders are kept (default ~/.cache/hf_elmo_bench)")
-    ap.add_argument("--skip-check", action="store_true", help="skip the comparison with the reference path")
-    ap.add_argument("--wait-quiet", type=float, default=0.0,
-                    help="before each timed pass wait up to this many seconds for the machine to be idle")
-    args = ap.parse_args()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    weights = parser.add_argument_group("weights")
+    weights.add_argument("--config", choices=sorted(random_bilm.CONFIGS), default="small",
+                         help="random weights of this shape: small 2x1024_128, medium 2x2048_256, original "
+                              "2x4096_512 (all 2048cnn), tiny for smoke tests (default small)")
+    weights.add_argument("--options", help="a bilm-tf options.json instead of --config (with --weights)")
+    weights.add_argument("--weights", help="a bilm-tf weights .hdf5 instead of --config (with --options)")
+    weights.add_argument("--load", choices=["converted", "hdf5"], default="converted",
+                         help="converted (default): convert once, time the from_pretrained model; hdf5: read the "
+                              ".hdf5 in this process")
+    weights.add_argument("--cache-dir", default=random_bilm.default_dir(),
+                         help="random weights and converted folders (default $HF_ELMO_BENCH_CACHE or "
+                              "~/.cache/hf_elmo_bench)")
+    text = parser.add_argument_group("workload")
+    source = text.add_mutually_exclusive_group()
+    source.add_argument("--text", metavar="FILE", help="one sentence per line (default: the Wikipedia sample)")
+    source.add_argument("--synthetic", action="store_true", help="the earlier 200-word-list sentences instead")
+    text.add_argument("--pretokenized", action="store_true", help="--text is already split into words by spaces")
+    text.add_argument("--n-sentences", type=int, default=64, help="sentences to time (default 64)")
+    text.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
+    run = parser.add_argument_group("run")
+    run.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    run.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="the weights' and activations' dtype")
+    run.add_argument("--implementation", choices=IMPLEMENTATIONS, default="auto",
+                     help="which implementation of the model runs (see above; default auto)")
+    run.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, CPU threads (default 2)")
+    run.add_argument("--repeats", type=int, default=5, help="timed passes over the workload (default 5)")
+    run.add_argument("--cache-vocab", action="store_true",
+                     help="turn on the model's token-vector cache, filled with the workload's words before timing")
+    run.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                     help="before each pass, wait up to SECONDS for other processes to use < 15%% of the CPUs")
+    run.add_argument("--skip-check", action="store_true", help="skip the comparison with the reference implementation")
+    run.add_argument("--save-first-batch", metavar="PATH",
+                     help="also save every layer's word vectors for batch 0 with torch.save (to compare with the peer)")
+    args = parser.parse_args()
+    if bool(args.options) != bool(args.weights):
+        parser.error("--options and --weights go together")
+    if args.pretokenized and not args.text:
+        parser.error("--pretokenized needs --text")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_inference: --device cuda, but torch sees no CUDA device")
 
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    cuda = device.type == "cuda"
+    synchronize = torch.cuda.synchronize if cuda else None
+
+    if args.options:
+        options_path, weights_path = args.options, args.weights
+    else:
+        options_path, weights_path = random_bilm.ensure(args.config, args.cache_dir)
+    folder = converted_folder(options_path, weights_path, args.cache_dir) if args.load == "converted" else None
 
     def load(dtype: torch.dtype) -> ElmoModel:
-        if args.load == "hdf5":
-            return load_model(args.options, args.weights, dtype)
-        return ElmoModel.from_pretrained(folder, dtype=dtype).eval()
+        if folder is None:
+            model = load_from_hdf5(options_path, weights_path, dtype)
+        else:
+            model = ElmoModel.from_pretrained(folder, dtype=dtype)
+        return model.to(device).eval()
 
-    folder = converted_folder(args.options, args.weights, args.cache_dir) if args.load == "converted" else None
-    t0 = time.perf_counter()
+    if args.synthetic:
+        sentences, source_name = workload.synthetic_sentences(args.n_sentences), "synthetic"
+    else:
+        sentences, source_name = workload.text_sentences(args.text, args.n_sentences, args.pretokenized)
+    groups = workload.batches(sentences, args.batch_size)
+
+    start = time.perf_counter()
     model = load(dtype)
-    t_load = time.perf_counter() - t0
-    set_path(model, args.path)
+    load_s = time.perf_counter() - start
+    via = select_implementation(model, args.implementation)
     config = model.config
 
-    sentences = make_workload(args.n_sentences)
-    sha = hashlib.sha1("\n".join(" ".join(s) for s in sentences).encode("utf-8")).hexdigest()
-    batches = [sentences[i : i + args.batch_size] for i in range(0, len(sentences), args.batch_size)]
-    n_words = sum(len(s) for s in sentences)
-    t0 = time.perf_counter()
-    inputs = [char_ids(b, config.max_characters_per_token) for b in batches]
-    t_char_ids = time.perf_counter() - t0
+    tokenizer = ElmoTokenizer(max_characters_per_token=config.max_characters_per_token)
+    start = time.perf_counter()
+    inputs = []
+    for group in groups:
+        encoded = tokenizer(group, is_split_into_words=True, padding=True, return_tensors="pt")
+        inputs.append((encoded["input_ids"].to(device), encoded["attention_mask"].to(device)))
+    char_ids_s = time.perf_counter() - start
 
-    split = {"char_cnn": 0.0, "lstm": 0.0}
-    starts = {}
+    parts = bench_utils.PartTimer(synchronize)
+    watch_parts(model, parts)
 
-    def timer(name):
-        def pre(_module, _inputs):
-            starts[name] = time.perf_counter()
-
-        def post(_module, _inputs, _output):
-            split[name] += time.perf_counter() - starts[name]
-
-        return pre, post
-
-    for name, module in (("char_cnn", model.char_encoder), ("lstm", model.bilstm)):
-        pre, post = timer(name)
-        module.register_forward_pre_hook(pre)
-        module.register_forward_hook(post)
-
-    release_freed_memory()
-    rss_after_load = vm("VmRSS")
-    hwm_reset = reset_hwm()
+    bench_utils.release_freed_memory()
+    rss_after_load = bench_utils.proc_status_mib("VmRSS")
+    peak_restarted = bench_utils.reset_peak_rss()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     with torch.no_grad():
         if args.cache_vocab:
             vocabulary = sorted({w for s in sentences for w in s})
             model.char_encoder.enable_token_cache(max_words=max(len(vocabulary), 1))
-            model.char_encoder(char_ids([vocabulary], config.max_characters_per_token)[0])
-        t0 = time.perf_counter()
-        model(inputs[0])  # warm-up, untimed
-        t_warm = time.perf_counter() - t0
-        records = []  # records[r][i] = (wall, char_cnn, lstm) of repeat r, batch i
-        quiet_log = []
-        for _ in range(args.repeats):
-            if args.wait_quiet > 0:
-                quiet_log.append(wait_quiet(args.wait_quiet))
-            row = []
-            for batch in inputs:
-                split["char_cnn"] = split["lstm"] = 0.0
-                t0 = time.perf_counter()
-                model(batch)
-                row.append((time.perf_counter() - t0, split["char_cnn"], split["lstm"]))
-            records.append(row)
-    peak_hwm = vm("VmHWM")
-    pass_times = [sum(b[0] for b in row) for row in records]
-    best = [min((records[r][i] for r in range(len(records))), key=lambda b: b[0]) for i in range(len(inputs))]
-    best_total = sum(b[0] for b in best)
-    best_cnn = sum(b[1] for b in best)
-    best_lstm = sum(b[2] for b in best)
+            ids = tokenizer([vocabulary], is_split_into_words=True, return_tensors="pt")["input_ids"][0]
+            model.char_encoder(ids.to(device))
 
-    max_diff = None
-    if not args.skip_check:
-        # Outputs of the timed configuration vs the reference path of an fp32 model, on the same batches.
-        reference = model if dtype == torch.float32 else load(torch.float32)
-        max_diff = 0.0
-        with torch.no_grad():
-            for batch in inputs:
-                fast = model(batch, output_hidden_states=True).hidden_states
-                fast = [h.float() for h in fast]
-                saved = (reference.char_encoder.use_fast_path, reference.bilstm.use_fast_path)
-                set_path(reference, "reference")
-                cache = reference.char_encoder.token_cache
-                reference.char_encoder.token_cache = None
-                slow = reference(batch, output_hidden_states=True).hidden_states
-                reference.char_encoder.token_cache = cache
-                reference.char_encoder.use_fast_path, reference.bilstm.use_fast_path = saved
-                for a, b in zip(fast, slow):
-                    max_diff = max(max_diff, (a - b).abs().max().item())
+        def run_batch(i):
+            return model(input_ids=inputs[i][0], attention_mask=inputs[i][1])
 
-    name = f"{config.num_lstm_layers}x{config.lstm_dim}_{config.projection_dim}_{config.n_filters}cnn_{config.n_highway}xhighway"
+        timing = bench_utils.time_passes(run_batch, len(inputs), args.repeats, parts,
+                                         wait_quiet_s=args.wait_quiet, synchronize=synchronize)
+    peak_rss = bench_utils.proc_status_mib("VmHWM") if peak_restarted else None
+    memory = {"rss_after_load_mib": rss_after_load, "peak_rss_mib": peak_rss}
+    if cuda:
+        memory["peak_gpu_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        memory["peak_gpu_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
+
+    with torch.no_grad():
+        if args.save_first_batch:
+            hidden = model(input_ids=inputs[0][0], attention_mask=inputs[0][1], output_hidden_states=True).hidden_states
+            torch.save({"layers": [h.float().cpu() for h in hidden], "workload_sha1": workload.digest(sentences)},
+                       args.save_first_batch)
+        max_diff = None
+        if not args.skip_check:
+            timed = [[h.float() for h in model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states]
+                     for ids, mask in inputs]
+            reference = model if dtype == torch.float32 else load(torch.float32)
+            select_implementation(reference, "reference")
+            cache, reference.char_encoder.token_cache = reference.char_encoder.token_cache, None
+            max_diff = 0.0
+            for (ids, mask), outputs in zip(inputs, timed):
+                expected = reference(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+                for a, b in zip(outputs, expected):
+                    max_diff = max(max_diff, (a - b.float()).abs().max().item())
+            reference.char_encoder.token_cache = cache
+
+    with open(options_path, encoding="utf-8") as handle:
+        architecture = random_bilm.architecture_name(json.load(handle))
     result = {
         "impl": "hf_elmo ElmoModel",
-        "path": args.path,
+        "implementation": args.implementation,
+        "implementation_via": via,
+        "config": architecture,
+        "weights": os.path.basename(weights_path),
         "load": args.load,
-        "config": name,
-        "mode": "cached" if args.cache_vocab else "chars",
-        "dtype": args.dtype,
+        "workload": source_name,
+        **workload.describe(sentences, args.batch_size),
         "batch_size": args.batch_size,
-        "n_sentences": args.n_sentences,
         "threads": args.threads,
-        "n_batches": len(inputs),
-        "n_words": n_words,
-        "workload_sha1": sha,
-        "params": sum(p.numel() for p in model.parameters()),
-        "tokens_per_s": n_words / best_total,
-        "tokens_per_s_note": "words / sum over batches of each batch's fastest timed repeat (warm-up excluded)",
-        "tokens_per_s_best_pass": n_words / min(pass_times),
-        "pass_s_all": pass_times,
-        "best_batch_s": [b[0] for b in best],
-        "warmup_batch_s": t_warm,
-        "split_s_best": {"char_cnn": best_cnn, "lstm": best_lstm, "other": best_total - best_cnn - best_lstm},
-        "split_frac_best": {
-            "char_cnn": best_cnn / best_total,
-            "lstm": best_lstm / best_total,
-            "other": 1 - (best_cnn + best_lstm) / best_total,
-        },
+        "repeats": args.repeats,
+        "dtype": args.dtype,
+        "device": args.device,
+        "token_cache": args.cache_vocab,
+        **bench_utils.summarize(timing, sum(len(s) for s in sentences)),
         "max_abs_diff_vs_reference": max_diff,
-        "background_busy_before_passes": quiet_log,
+        "params": sum(p.numel() for p in model.parameters()),
+        "load_s": round(load_s, 3),
+        "char_ids_s": round(char_ids_s, 3),
+        **memory,
+        "peak_rss_process_mib": bench_utils.process_peak_rss_mib(),
         "loadavg_after": os.getloadavg(),
-        "load_s": t_load,
-        "char_ids_s": t_char_ids,
-        "rss_after_load_mib": rss_after_load,
-        "peak_rss_inference_mib": peak_hwm if hwm_reset else None,
-        "peak_rss_process_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
+        "machine": bench_utils.machine_description(args.device),
     }
-    print(json.dumps(result))
+    print(json.dumps(result, ensure_ascii=False))
 
 
 if __name__ == "__main__":

@@ -1,21 +1,40 @@
 #!/usr/bin/env python
-"""Run the AllenNLP peer and hf_elmo on the same weights and workload, one after the other, per config.
+"""hf_elmo against AllenNLP 0.9.0's ELMo, on the same weights and the same words, in one run.
 
-  python benchmarks/side_by_side.py [--configs small original] [--mode chars|cached] [--dtype fp32|bf16]
-                                    [--peer-bench PATH] [--peer-python PYTHON] [--wait-quiet 60]
-                                    [--repeats 5] [--batch-size 32] [--threads 2] [--rounds 1]
+For each config (default: small and original), for each of --rounds rounds, it runs two child processes, one
+after the other: benchmarks/allennlp_peer.py (AllenNLP's `_ElmoBiLm`, loaded from its wheel; see that file)
+and benchmarks/bench_inference.py (hf_elmo's ElmoModel). The order alternates between rounds (peer first in
+round 1, hf_elmo first in round 2, ...), so neither side always runs on a machine the other has just warmed or
+slowed. Separate processes keep each side's memory figures its own.
 
-For each config: the peer's bench_peer.py runs first (it writes random weights of the published shapes to
-$ELMO_PEER_DIR/weights/{config}_random_weights.hdf5 with {config}_options.json), then
-benchmarks/bench_inference.py runs on those same two files. Prints the peer's JSON line, ours, and a summary
-line with the ratios; all JSON. Build the peer once first (see benchmarks/README.md). --mode cached runs the
-peer with its vocabulary cache and us with --cache-vocab; --dtype applies to our side only (the peer is fp32).
+Both sides get:
+  - the same weights: random weights of the published shape in bilm-tf's hdf5 layout (random_bilm.py); AllenNLP
+    loads the file with its own loaders, hf_elmo converts it;
+  - the same words: the workload is built once here (real running text by default: the Wikipedia sample of
+    hf_elmo.testing_utils, split into words by ElmoTokenizer's "ptb" pre-tokenizer; or --text FILE; or
+    --synthetic) and written to a words file that both sides read (workload_sha1 must agree);
+  - the same timing code (bench_utils.py): fp32 by default, --threads 2, batches of 32 sentences in order,
+    --repeats 5 passes, each batch counted at its fastest pass.
+The first batch's outputs of both sides are compared (max_abs_diff_vs_allennlp, every layer; AllenNLP's LSTM
+state is reset first): it shows that both computed the same function.
 
---rounds N alternates the two sides N times per config (peer, ours, peer, ours, ...). On a shared machine
-either side's figure moves by 10-15% between runs; the summary then gives each round's ratio, the ratio of
-the two medians and the smallest round ratio, and each side's largest peak RSS. Both sides time 5 passes by
-default (the peer's own default is 3): each batch counts its fastest pass, and with 3 a single slow stretch of
-the host (our side shares a 480 MB L3 with other VMs) can spoil a batch in every pass.
+Output: each child's full JSON line goes to stderr as it finishes (and to --runs FILE if given); stdout gets
+ONE JSON line: per config the tokens/s of each side in each round, the ratio per round, the ratio of the
+medians and the smallest ratio, each side's largest peak RSS, the split of time, distinct words per batch,
+the CPU model with its vector extensions and the BLAS, the date (UTC) and the machine's load.
+
+The AllenNLP side needs `overrides` 3.x besides this project's requirements (pip install 'overrides>=3,<4')
+and fetches the allennlp 0.9.0 wheel with pip on first use (or give --wheel). Timings are only comparable
+within one run: other processes on the machine move both sides' figures. On a host shared with other busy
+processes, two OpenMP threads that spin while waiting for a preempted partner can make either side several
+times slower; `OMP_WAIT_POLICY=PASSIVE python benchmarks/side_by_side.py ...` (both children inherit it, and
+the JSON lines record it) keeps that from dominating. cpu_over_wall near the thread count means a quiet host.
+
+Examples:
+  python benchmarks/side_by_side.py                                # small and original, real text, 3 rounds
+  python benchmarks/side_by_side.py --configs original --rounds 5 --runs /tmp/runs.jsonl
+  python benchmarks/side_by_side.py --synthetic                    # the earlier 200-word-list workload
+  python benchmarks/side_by_side.py --dtype bf16                   # hf_elmo in bf16 (AllenNLP stays fp32)
 """
 
 import argparse
@@ -24,70 +43,145 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PEER_DIR = os.environ.get("ELMO_PEER_DIR", os.path.join(os.path.expanduser("~"), ".cache", "elmo_peer"))
+REPO = os.path.dirname(HERE)
+for _path in (HERE, REPO):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+import random_bilm  # noqa: E402
+import workload  # noqa: E402
 
 
-def run_json(command: list[str]) -> dict:
-    result = subprocess.run(command, capture_output=True, text=True)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    if result.returncode != 0 or not lines:
-        sys.exit(f"{' '.join(command)} failed (exit {result.returncode}):\n{result.stderr[-3000:]}")
+def run_json(command: list[str], log) -> dict:
+    """Run one benchmark child; its last stdout line is its JSON result."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        message = done.stderr.strip().splitlines()
+        # A child that explains itself in one line (a missing package, no wheel) is quoted as it is.
+        detail = message[-1] if message and done.stderr.count("\n") <= 1 else done.stderr[-3000:]
+        sys.exit(f"side_by_side: {os.path.basename(command[1])} failed (exit {done.returncode}): {detail}")
+    print(lines[-1], file=sys.stderr, flush=True)
+    if log:
+        log.write(lines[-1] + "\n")
+        log.flush()
     return json.loads(lines[-1])
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", nargs="+", default=["small", "original"], choices=["small", "medium", "original"])
-    ap.add_argument("--peer-bench", default=os.environ.get("ELMO_PEER_BENCH", "/work/shared/peers/allennlp/bench_peer.py"),
-                    help="the peer's bench_peer.py (env ELMO_PEER_BENCH)")
-    ap.add_argument("--peer-python", default=sys.executable, help="python that runs the peer (default: this one)")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--n-sentences", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5,
-                    help="timed passes per run, for both sides (each batch counts its fastest pass)")
-    ap.add_argument("--mode", choices=["chars", "cached"], default="chars")
-    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="our side's dtype")
-    ap.add_argument("--rounds", type=int, default=1, help="alternate the two sides this many times per config")
-    ap.add_argument("--wait-quiet", type=float, default=60.0,
-                    help="each side waits up to this many seconds before each timed pass for an idle machine")
-    args = ap.parse_args()
+def max_layer_difference(peer_file: str, ours_file: str) -> float:
+    import torch
 
-    common = ["--batch-size", str(args.batch_size), "--n-sentences", str(args.n_sentences),
-              "--threads", str(args.threads), "--repeats", str(args.repeats), "--wait-quiet", str(args.wait_quiet)]
-    summary = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "mode": args.mode, "dtype": args.dtype, "configs": {}}
+    peer, ours = torch.load(peer_file), torch.load(ours_file)
+    if peer["workload_sha1"] != ours["workload_sha1"] or len(peer["layers"]) != len(ours["layers"]):
+        raise SystemExit("side_by_side: the two sides' first batches differ in words or layers")
+    return max((a.float() - b.float()).abs().max().item() for a, b in zip(peer["layers"], ours["layers"]))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", nargs="+", default=["small", "original"], choices=sorted(random_bilm.CONFIGS),
+                        help="shapes to compare (default: small original)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--text", metavar="FILE", help="one sentence per line (default: the Wikipedia sample)")
+    source.add_argument("--synthetic", action="store_true", help="the earlier 200-word-list sentences instead")
+    parser.add_argument("--pretokenized", action="store_true", help="--text is already split into words by spaces")
+    parser.add_argument("--n-sentences", type=int, default=64, help="sentences (default 64)")
+    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads of each side (default 2)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes per run, both sides (default 5)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each side per config, alternating (default 3)")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="hf_elmo's dtype (AllenNLP: fp32)")
+    parser.add_argument("--implementation", default="auto", help="hf_elmo's --implementation (default auto)")
+    parser.add_argument("--wait-quiet", type=float, default=10.0, metavar="SECONDS",
+                        help="each side waits up to SECONDS before each pass for the machine to be idle (default 10)")
+    parser.add_argument("--wheel", help="a local allennlp-0.9.0-py3-none-any.whl (default: fetched with pip)")
+    parser.add_argument("--cache-dir", default=random_bilm.default_dir(),
+                        help="random weights, converted folders, workload files (default $HF_ELMO_BENCH_CACHE or "
+                             "~/.cache/hf_elmo_bench)")
+    parser.add_argument("--runs", metavar="FILE", help="also append every child's JSON line to FILE")
+    args = parser.parse_args()
+    if args.pretokenized and not args.text:
+        parser.error("--pretokenized needs --text")
+
+    if args.synthetic:
+        sentences, source_name = workload.synthetic_sentences(args.n_sentences), "synthetic"
+    else:
+        sentences, source_name = workload.text_sentences(args.text, args.n_sentences, args.pretokenized)
+    os.makedirs(args.cache_dir, exist_ok=True)
+    words_file = os.path.join(args.cache_dir, f"workload-{workload.digest(sentences)[:16]}.txt")
+    workload.write_words(sentences, words_file)
+    described = workload.describe(sentences, args.batch_size)
+
+    common = ["--batch-size", str(args.batch_size), "--threads", str(args.threads), "--repeats", str(args.repeats),
+              "--wait-quiet", str(args.wait_quiet)]
+    log = open(args.runs, "a", encoding="utf-8") if args.runs else None
+    summary = {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "workload": source_name,
+        "n_sentences": described["n_sentences"],
+        "n_words": described["n_words"],
+        "distinct_words_per_batch": described["distinct_words_per_batch"],
+        "workload_sha1": described["workload_sha1"],
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "rounds": args.rounds,
+        "dtype_hf_elmo": args.dtype,
+        "configs": {},
+    }
+    scratch = tempfile.mkdtemp(prefix="side_by_side-")
     for config in args.configs:
-        weights_dir = os.path.join(PEER_DIR, "weights")
+        options, weights = random_bilm.ensure(config, args.cache_dir)
+        paths = ["--options", options, "--weights", weights]
+        peer_out, ours_out = os.path.join(scratch, f"{config}-peer.pt"), os.path.join(scratch, f"{config}-ours.pt")
+        peer_command = [sys.executable, os.path.join(HERE, "allennlp_peer.py"), *paths, "--words", words_file,
+                        *common, *(["--wheel", args.wheel] if args.wheel else [])]
+        ours_command = [sys.executable, os.path.join(HERE, "bench_inference.py"), *paths, "--text", words_file,
+                        "--pretokenized", "--n-sentences", str(len(sentences)), "--dtype", args.dtype,
+                        "--implementation", args.implementation, "--cache-dir", args.cache_dir, *common]
         peers, ours = [], []
-        for _ in range(args.rounds):
-            peers.append(run_json([args.peer_python, args.peer_bench, "--config", config, "--mode", args.mode, *common]))
-            print(json.dumps(peers[-1]), flush=True)
-            ours.append(run_json([sys.executable, os.path.join(HERE, "bench_inference.py"),
-                                  "--options", os.path.join(weights_dir, f"{config}_options.json"),
-                                  "--weights", os.path.join(weights_dir, f"{config}_random_weights.hdf5"),
-                                  "--dtype", args.dtype, *(["--cache-vocab"] if args.mode == "cached" else []),
-                                  *common]))
-            print(json.dumps(ours[-1]), flush=True)
+        for round_index in range(args.rounds):
+            first = round_index == 0
+            order = ("peer", "ours") if round_index % 2 == 0 else ("ours", "peer")
+            for side in order:
+                if side == "peer":
+                    peers.append(run_json(peer_command + (["--save-first-batch", peer_out] if first else []), log))
+                else:
+                    ours.append(run_json(ours_command + (["--save-first-batch", ours_out] if first else []), log))
             if ours[-1]["workload_sha1"] != peers[-1]["workload_sha1"]:
-                sys.exit(f"workloads differ: ours {ours[-1]['workload_sha1']}, peer {peers[-1]['workload_sha1']}")
+                sys.exit(f"side_by_side: the sides read different words ({ours[-1]['workload_sha1']} vs "
+                         f"{peers[-1]['workload_sha1']})")
         ours_speed = [o["tokens_per_s"] for o in ours]
         peer_speed = [p["tokens_per_s"] for p in peers]
         ratios = [o / p for o, p in zip(ours_speed, peer_speed)]
         summary["configs"][config] = {
-            "tokens_per_s_median": {"hf_elmo": round(statistics.median(ours_speed), 1),
-                                    "peer": round(statistics.median(peer_speed), 1)},
-            "speedup_of_medians": round(statistics.median(ours_speed) / statistics.median(peer_speed), 2),
-            "speedup_per_round": [round(r, 2) for r in ratios],
-            "speedup_min": round(min(ratios), 2),
-            "peak_rss_inference_mib_max": {"hf_elmo": round(max(o["peak_rss_inference_mib"] for o in ours), 1),
-                                           "peer": round(max(p["peak_rss_inference_mib"] for p in peers), 1)},
-            "max_abs_diff_vs_reference": max(o["max_abs_diff_vs_reference"] for o in ours),
+            "architecture": ours[0]["config"],
+            "tokens_per_s": {"hf_elmo": ours_speed, "allennlp": peer_speed},
+            "ratio_per_round": [round(r, 2) for r in ratios],
+            "ratio_of_medians": round(statistics.median(ours_speed) / statistics.median(peer_speed), 2),
+            "ratio_min": round(min(ratios), 2),
+            "peak_rss_mib_max": {"hf_elmo": max(o["peak_rss_mib"] or 0 for o in ours),
+                                 "allennlp": max(p["peak_rss_mib"] or 0 for p in peers)},
+            "split_s_first_round": {"hf_elmo": ours[0]["split_s"], "allennlp": peers[0]["split_s"]},
+            "max_abs_diff_vs_reference": max(o["max_abs_diff_vs_reference"] or 0 for o in ours),
+            "max_abs_diff_vs_allennlp": max_layer_difference(peer_out, ours_out),
+            "cpu_over_wall_median": {"hf_elmo": statistics.median(x for o in ours for x in o["cpu_over_wall"]),
+                                     "allennlp": statistics.median(x for p in peers for x in p["cpu_over_wall"])},
+            "busy_before_passes": {"hf_elmo": [o["busy_before_passes"] for o in ours],
+                                   "allennlp": [p["busy_before_passes"] for p in peers]},
         }
-    print(json.dumps(summary), flush=True)
+    machine = ours[0]["machine"]
+    summary["cpu"] = machine["cpu"]
+    summary["blas"] = {k: machine["blas"][k] for k in ("blas", "cpu_capability", "mkldnn_available")}
+    summary["torch"] = machine["torch"]
+    summary["env"] = machine["env"]
+    summary["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(summary, ensure_ascii=False), flush=True)
 
 
 if __name__ == "__main__":

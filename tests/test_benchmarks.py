@@ -1,0 +1,95 @@
+"""Smoke tests of the benchmark scripts: they run end to end on a tiny model and report true figures.
+
+Offline and without allennlp: the workload is a small text file written here, the weights are random weights of
+the "tiny" shape written by benchmarks/random_bilm.py into a temporary folder.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import workload  # noqa: E402
+
+
+SENTENCES = [
+    "The cat sat on the mat, and the cat did n't move.",
+    "Anarchism is a political philosophy.",
+    "Three short words",
+    "The mat was red.",
+    "A fifth sentence ends the file.",
+]
+
+
+def run_bench(tmp_path: Path, *extra: str) -> dict:
+    text = tmp_path / "sentences.txt"
+    text.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
+    command = [sys.executable, str(BENCHMARKS / "bench_inference.py"), "--config", "tiny", "--load", "hdf5",
+               "--text", str(text), "--batch-size", "2", "--repeats", "2", "--threads", "1",
+               "--cache-dir", str(tmp_path / "cache"), *extra]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1, done.stdout  # one JSON line, nothing else on stdout
+    return json.loads(lines[0])
+
+
+def test_bench_inference_reports_real_figures(tmp_path):
+    result = run_bench(tmp_path, "--save-first-batch", str(tmp_path / "first.pt"))
+
+    # The workload: the file's sentences, split by the "ptb" pre-tokenizer, in batches of 2 in file order.
+    assert result["workload"] == str(tmp_path / "sentences.txt")
+    assert result["n_sentences"] == 5 and result["n_batches"] == 3
+    first = "The cat sat on the mat , and the cat did n't move .".split()
+    second = "Anarchism is a political philosophy .".split()
+    assert result["words_per_batch"] == [14 + 6, 3 + 5, 7]
+    assert result["n_words"] == 35
+    # "the", "cat" repeat and "." ends both sentences: 12 + 5 distinct words in the first batch.
+    assert result["distinct_words_per_batch"] == [len(set(first) | set(second)), 3 + 5, 7]
+    assert result["distinct_words_per_batch"][0] == 17
+
+    # The model and the timing.
+    assert result["config"] == "2x32_16_32cnn_1xhighway"
+    assert result["device"] == "cpu" and result["dtype"] == "fp32" and result["threads"] == 1
+    assert result["tokens_per_s"] > 0 and len(result["pass_s"]) == 2 and len(result["fastest_batch_s"]) == 3
+    assert result["tokens_per_s"] >= result["tokens_per_s_best_pass"] >= result["tokens_per_s_median_pass"] * 0.999
+    assert result["tokens_per_s"] == pytest.approx(result["n_words"] / sum(result["fastest_batch_s"]), rel=1e-2)
+    assert set(result["split_s"]) == {"char_cnn", "lstm", "other"}
+    assert result["split_s"]["char_cnn"] > 0 and result["split_s"]["lstm"] > 0  # the part timers see the model
+    assert result["max_abs_diff_vs_reference"] < 1e-5
+
+    # Memory and the machine.
+    if os.path.exists("/proc/self/clear_refs"):
+        assert 50 < result["peak_rss_mib"] < 4096
+    cpu = result["machine"]["cpu"]
+    assert cpu["model"] and isinstance(cpu["avx512"], bool) and isinstance(cpu["amx"], list)
+    assert result["machine"]["blas"]["mkldnn_available"] in (True, False)
+    assert result["machine"]["torch"] == __import__("torch").__version__
+
+    # The saved first batch: every layer of every word, the same words as the JSON line says.
+    import torch
+
+    saved = torch.load(tmp_path / "first.pt")
+    assert saved["workload_sha1"] == result["workload_sha1"]
+    assert len(saved["layers"]) == 3 and saved["layers"][0].shape == (2, len(first), 32)
+
+
+def test_workload_helpers(tmp_path):
+    sentences = workload.synthetic_sentences(6)
+    assert [len(s) for s in sentences] == [len(s) for s in workload.synthetic_sentences(6)]  # deterministic
+    assert all(5 <= len(s) <= 40 for s in sentences)
+    path = tmp_path / "words.txt"
+    workload.write_words(sentences, str(path))
+    assert workload.read_words(str(path)) == sentences
+    assert workload.spread([str(i) for i in range(10)], 3) == ["0", "3", "6"]
+    with pytest.raises(ValueError):
+        workload.write_words([["two words"]], str(path))
