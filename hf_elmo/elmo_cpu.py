@@ -10,8 +10,9 @@ them), with fewer and better-shaped operations:
   preallocated buffers (no allocation per step, flat memory); the first layer's input gates come from a table
   of the batch's distinct words.
 
-With autograd (training on a CPU), the char CNN keeps its distinct-word path and the biLSTM runs the fused
-recurrence of `elmo_cuda`, which has a hand-written backward and runs on any device.
+With autograd (training on a CPU), the char CNN keeps its distinct-word path and the biLSTM runs the layer code
+of `elmo_cuda` with a packed recurrence (`PackedClippedLstmRecurrence`): rows sorted longest first, each step
+computing only the rows still reading, with a hand-written backward built from `elmo_cuda`'s element-wise steps.
 """
 
 from collections import OrderedDict
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from .configuration_elmo import FORGET_GATE_BIAS
+from .elmo_cuda import _cell_backward, _cell_forward
 from .elmo_cuda import bilstm as fused_bilstm
 
 
@@ -194,7 +196,7 @@ def bilstm(
 ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """`ElmoBiLstm.forward`'s function (same arguments and results), with `module`'s parameters."""
     if not _works_in_place(tokens):
-        return fused_bilstm(module, tokens, mask, state, output_layers, words_only)
+        return packed_bilstm(module, tokens, mask, state, output_layers, words_only)
     batch_size, num_steps, width = tokens.shape
     lengths = mask.sum(dim=1)
     order = torch.argsort(lengths, descending=True, stable=True)
@@ -299,6 +301,96 @@ def _layer(
     ]
     cells, hiddens = zip(*finals)
     return out, torch.stack(cells), torch.stack(hiddens)
+
+
+class PackedClippedLstmRecurrence(torch.autograd.Function):
+    """
+    `elmo_cuda.ClippedLstmRecurrence` for a batch sorted longest first, given `rows_at` (how many rows read each
+    step, on the host): step t computes only its first `rows_at[t]` rows, so a batch of mixed lengths costs the
+    sum of its lengths, not rows x longest. A row's final state is its state after its last step.
+    """
+
+    @staticmethod
+    def forward(ctx, input_gates, cell, hidden, recurrent, projection, cell_clip, proj_clip, rows_at):
+        outputs = input_gates.new_zeros(*input_gates.shape[:3], projection.shape[-1], dtype=torch.float32)
+        final_cell, final_hidden = cell.clone(), hidden.clone()
+        saved = {"gates": [], "cells": [], "hiddens": [], "projection_inputs": [], "projected": []}
+        for t, rows in enumerate(rows_at):
+            if rows == 0:
+                break
+            cell, hidden = cell[:, :rows], hidden[:, :rows]
+            gates, new_cell, projection_input = _cell_forward(
+                input_gates[t, :, :rows], torch.bmm(hidden, recurrent), cell, None, cell_clip
+            )
+            projected = torch.bmm(projection_input, projection)
+            output = projected.float().clamp(-proj_clip, proj_clip)
+            outputs[t, :, :rows] = output
+            for name, value in zip(saved, (gates, cell, hidden, projection_input, projected)):
+                saved[name].append(value)
+            cell, hidden = new_cell, output.to(hidden.dtype)
+            # Rows whose last step this was.
+            done = rows_at[t + 1] if t + 1 < len(rows_at) else 0
+            final_cell[:, done:rows] = cell[:, done:]
+            final_hidden[:, done:rows] = hidden[:, done:]
+        ctx.steps = len(saved["gates"])
+        ctx.rows_at, ctx.clips, ctx.input_dtype = rows_at, (cell_clip, proj_clip), input_gates.dtype
+        ctx.save_for_backward(recurrent, projection, *(value for values in saved.values() for value in values))
+        return outputs, final_cell, final_hidden
+
+    @staticmethod
+    def backward(ctx, grad_outputs, grad_final_cell, grad_final_hidden):
+        recurrent, projection, *saved = ctx.saved_tensors
+        gates, cells, hiddens, projection_inputs, projected = (
+            saved[i * ctx.steps : (i + 1) * ctx.steps] for i in range(5)
+        )
+        cell_clip, proj_clip = ctx.clips
+        # The gradients of each row's state after the last step computed so far (going back): a row not read at
+        # a step passes its gradient on unchanged.
+        grad_cell, grad_hidden = grad_final_cell.float().clone(), grad_final_hidden.float().clone()
+        grad_input_gates = grad_outputs.new_zeros(*grad_outputs.shape[:3], gates[0].shape[-1], dtype=torch.float32)
+        grad_gates, grad_projected = [None] * ctx.steps, [None] * ctx.steps
+        for t in reversed(range(ctx.steps)):
+            rows = ctx.rows_at[t]
+            grad_step = grad_outputs[t, :, :rows].float() + grad_hidden[:, :rows]
+            grad_step = torch.where(projected[t].float().abs() <= proj_clip, grad_step, 0.0).to(projected[t].dtype)
+            grad_projection_input = torch.bmm(grad_step, projection.transpose(1, 2))
+            step_gates, grad_cell[:, :rows] = _cell_backward(
+                gates[t], cells[t], grad_cell[:, :rows], grad_projection_input, None, cell_clip
+            )
+            grad_input_gates[t, :, :rows] = step_gates
+            step_gates = step_gates.to(recurrent.dtype)
+            # The hidden state before the step reaches the loss only through this step's gates.
+            grad_hidden[:, :rows] = torch.bmm(step_gates, recurrent.transpose(1, 2))
+            grad_gates[t], grad_projected[t] = step_gates, grad_step
+        # Weight gradients: one matmul over every step's rows, per direction.
+        packed = lambda values: torch.cat(values, dim=1)  # (directions, sum of rows, n)
+        grad_recurrent = torch.bmm(packed(hiddens).transpose(1, 2), packed(grad_gates))
+        grad_projection = torch.bmm(packed(projection_inputs).transpose(1, 2), packed(grad_projected))
+        return (grad_input_gates.to(ctx.input_dtype), grad_cell, grad_hidden, grad_recurrent, grad_projection,
+                None, None, None)
+
+
+def packed_bilstm(module, tokens, mask, state, output_layers, words_only):
+    """`bilstm` with autograd: `elmo_cuda`'s layers over the batch sorted longest first, with the packed recurrence."""
+    lengths = mask.sum(dim=1)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    restore = torch.argsort(order)
+    host_lengths = lengths[order].tolist()
+    rows_at, rows = [], len(host_lengths)
+    for step in range(host_lengths[0] if host_lengths else 0):
+        while host_lengths[rows - 1] <= step:
+            rows -= 1
+        rows_at.append(rows)
+    rows_at = tuple(rows_at)
+
+    def recurrence(*arguments):
+        return PackedClippedLstmRecurrence.apply(*arguments, rows_at)
+
+    sorted_state = (state[0][:, :, order], state[1][:, :, order])
+    outputs, (cells, hiddens) = fused_bilstm(
+        module, tokens[order], mask[order], sorted_state, output_layers, words_only, recurrence=recurrence
+    )
+    return [output[restore] for output in outputs], (cells[:, :, restore], hiddens[:, :, restore])
 
 
 def _works_in_place(tensor: torch.Tensor) -> bool:

@@ -43,14 +43,17 @@ def _cell_forward(input_gates, recurrent_gates, cell, active, cell_clip: float):
     """
     One step's element-wise part: the input and recurrent parts of the gate pre-activations `(directions, rows,
     4 * lstm_dim)` (forget bias folded in) and the cell state -> the gates (fp32, kept for the backward), the new
-    cell state (changed only where `active`) and the projection's input (in the matmul dtype).
+    cell state (changed only where `active`; `active` None: every row reads the step) and the projection's input
+    (in the matmul dtype).
     """
     gates = input_gates.float() + recurrent_gates.float()
     in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=-1)
     new_cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(in_gate) * torch.tanh(candidate)
     new_cell = new_cell.clamp(-cell_clip, cell_clip)
     projection_input = torch.sigmoid(out_gate) * torch.tanh(new_cell)
-    return gates, torch.where(active, new_cell, cell), projection_input.to(recurrent_gates.dtype)
+    if active is not None:
+        new_cell = torch.where(active, new_cell, cell)
+    return gates, new_cell, projection_input.to(recurrent_gates.dtype)
 
 
 @_compiled
@@ -66,14 +69,15 @@ def _cell_backward(gates, cell, grad_cell, grad_projection_input, active, cell_c
     tanh_cell = torch.tanh(unclipped.clamp(-cell_clip, cell_clip))
     grad_projection_input = grad_projection_input.float()
     # Rows past their length keep their state: the step's cell gets the state's gradient only where active.
-    grad_new = torch.where(active, grad_cell, 0.0) + grad_projection_input * o * (1 - tanh_cell * tanh_cell)
+    grad_new = grad_cell if active is None else torch.where(active, grad_cell, 0.0)
+    grad_new = grad_new + grad_projection_input * o * (1 - tanh_cell * tanh_cell)
     grad_new = torch.where(unclipped.abs() <= cell_clip, grad_new, 0.0)
     grad_gates = torch.cat(
         [grad_new * j * i * (1 - i), grad_new * i * (1 - j * j), grad_new * cell * f * (1 - f),
          grad_projection_input * tanh_cell * o * (1 - o)],
         dim=-1,
     )
-    return grad_gates, torch.where(active, grad_new * f, grad_cell)
+    return grad_gates, grad_new * f if active is None else torch.where(active, grad_new * f, grad_cell)
 
 
 @_compiled
@@ -163,11 +167,12 @@ def _stacked(layers, name: str) -> torch.Tensor:
     return torch.stack([getattr(layer, name).weight for layer in layers])
 
 
-def lstm_layer(layers, inputs, active, cell, hidden):
+def lstm_layer(layers, inputs, recurrence, cell, hidden):
     """
     One layer of every direction: `layers` (one `ElmoLstmLayer` per direction), `inputs` `(time, directions, rows,
-    projection_dim)`, `active` `(time, 1, rows, 1)`, state `(directions, rows, ·)`. Returns the outputs (fp32, zero
-    where inactive) and the final `(cell, hidden)`.
+    projection_dim)`, state `(directions, rows, ·)`, `recurrence(input_gates, cell, hidden, recurrent, projection,
+    cell_clip, proj_clip)` the recurrent part (`ClippedLstmRecurrence` with the batch's `active` steps, or the
+    packed one of elmo_cpu). Returns the outputs (fp32, zero where inactive) and the final `(cell, hidden)`.
     """
     first = layers[0]
     dtype = _matmul_dtype(inputs)
@@ -186,28 +191,34 @@ def lstm_layer(layers, inputs, active, cell, hidden):
     inf = float("inf")
     cell_clip = inf if first.cell_clip is None else float(first.cell_clip)
     proj_clip = inf if first.proj_clip is None else float(first.proj_clip)
-    return ClippedLstmRecurrence.apply(
-        input_gates, active, cell.float(), hidden.to(dtype), recurrent, projection, cell_clip, proj_clip
-    )
+    return recurrence(input_gates, cell.float(), hidden.to(dtype), recurrent, projection, cell_clip, proj_clip)
 
 
-def bilstm(module, tokens, mask, state, output_layers, words_only):
-    """`ElmoBiLstm.forward`'s function (same arguments and results), with `module`'s parameters."""
+def bilstm(module, tokens, mask, state, output_layers, words_only, recurrence=None):
+    """
+    `ElmoBiLstm.forward`'s function (same arguments and results), with `module`'s parameters. `recurrence`: see
+    `lstm_layer`; by default `ClippedLstmRecurrence`, every row reading every step.
+    """
     from .modeling_elmo import reverse_within_lengths  # here: modeling_elmo imports this module
 
     lengths = mask.sum(dim=1)
     # (time, directions, rows, width): the backward stack reads each sentence reversed within its length.
     layer_input = torch.stack([tokens, reverse_within_lengths(tokens, lengths)]).permute(2, 0, 1, 3)
-    active = mask.t()[:, None, :, None]
+    if recurrence is None:
+        active = mask.t()[:, None, :, None]
+
+        def recurrence(input_gates, cell, hidden, *weights_and_clips):
+            return ClippedLstmRecurrence.apply(input_gates, active, cell, hidden, *weights_and_clips)
+
     outputs, final_cells, final_hiddens = [], [], []
     for index, layers in enumerate(zip(module.forward_layers, module.backward_layers)):
         initial = (state[0][index], state[1][index])
         if layers[0].gradient_checkpointing and module.training:
             output, cell, hidden = layers[0]._gradient_checkpointing_func(
-                lstm_layer, layers, layer_input, active, *initial
+                lstm_layer, layers, layer_input, recurrence, *initial
             )
         else:
-            output, cell, hidden = lstm_layer(layers, layer_input, active, *initial)
+            output, cell, hidden = lstm_layer(layers, layer_input, recurrence, *initial)
         if index > 0 and module.use_skip_connections:
             output = output + layer_input
         outputs.append(output)
