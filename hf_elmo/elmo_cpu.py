@@ -15,6 +15,7 @@ of `elmo_cuda` with a packed recurrence (`PackedClippedLstmRecurrence`): rows so
 computing only the rows still reading, with a hand-written backward built from `elmo_cuda`'s element-wise steps.
 """
 
+import time
 from collections import OrderedDict
 
 import torch
@@ -35,7 +36,8 @@ INPUT_GATES_BLOCK_VALUES = 1 << 21
 # The first layer's input gates are computed once per distinct word of the batch (a table the steps gather from)
 # when the table has at most this many values: 4M (16 MB) is 256 distinct words of "original".
 INPUT_GATES_TABLE_VALUES = 1 << 22
-# The recurrent matmul is handed to BLAS as this many row blocks at most (see `few_column_matmul`).
+# The recurrent matmul may be handed to BLAS as this many row blocks at most, where that measures faster (see
+# `few_column_matmul`).
 MAX_ROW_BLOCKS = 16
 
 
@@ -46,13 +48,13 @@ def few_column_matmul(
     `add + weight @ columns` for a tall `weight` and a few `columns` (one per sentence still being read), written
     into `out` when given (without autograd) or returned as a new tensor.
 
-    CPU BLAS shares such a product between threads badly at some column counts (MKL with 32 columns: 2.2 ms for
-    "original"'s 16384x512 recurrent weight, against 1.7 ms with 31). Handing it row blocks of the weight as one
-    batched matmul keeps every thread on whole blocks: 1.5 ms at 32 columns and never slower elsewhere, except
-    for a single column, where the matrix-vector product is faster still. (CPU only: GPUs get the plain product.)
+    Some CPU BLAS builds share such a product between threads badly at some column counts; handing them row blocks
+    of the weight as one batched matmul keeps every thread on whole blocks. Whether that pays depends on the
+    BLAS, the processor and the thread count, so it is measured on this process's first product of each shape
+    (`_row_blocks_for`), not assumed. GPUs always get the plain product.
     """
-    blocks = max(2, min(MAX_ROW_BLOCKS, weight.shape[0] // 256))
-    if columns.shape[1] == 1 or weight.shape[0] % blocks or weight.device.type != "cpu":
+    blocks = _row_blocks_for(weight, columns)
+    if blocks == 1:
         if add is None:
             return torch.mm(weight, columns, out=out)
         return torch.addmm(add, weight, columns, out=out)
@@ -64,6 +66,35 @@ def few_column_matmul(
     else:
         product = torch.baddbmm(add.view(blocks, -1, add.shape[1]), weight, columns, out=blocked_out)
     return product.view(-1, columns.shape[-1]) if out is None else out
+
+
+# (weight shape, dtype, columns, threads) -> row blocks (1: the plain product), as measured in this process.
+_ROW_BLOCKS: dict[tuple, int] = {}
+
+
+def _row_blocks_for(weight: torch.Tensor, columns: torch.Tensor) -> int:
+    """
+    How many row blocks `few_column_matmul` hands BLAS: 1 (plain) or `MAX_ROW_BLOCKS`-bounded blocks, whichever
+    ran faster in a short measurement on this machine (a few products of the same shapes, interleaved, best of
+    each: about ten products, once per shape and column count).
+    """
+    blocks = max(2, min(MAX_ROW_BLOCKS, weight.shape[0] // 256))
+    if columns.shape[1] == 1 or weight.shape[0] % blocks or weight.device.type != "cpu":
+        return 1  # a matrix-vector product is never worth blocking
+    key = (tuple(weight.shape), weight.dtype, columns.shape[1], torch.get_num_threads())
+    if key not in _ROW_BLOCKS:
+        with torch.no_grad():
+            w, x = weight, columns
+            plain = lambda: torch.mm(w, x)
+            blocked = lambda: torch.bmm(w.view(blocks, -1, w.shape[1]), x.expand(blocks, *x.shape))
+            best = {plain: float("inf"), blocked: float("inf")}
+            for _ in range(5):
+                for candidate in best:
+                    start = time.perf_counter()
+                    candidate()
+                    best[candidate] = min(best[candidate], time.perf_counter() - start)
+        _ROW_BLOCKS[key] = blocks if best[blocked] < best[plain] else 1
+    return _ROW_BLOCKS[key]
 
 
 class ElmoTokenCache:

@@ -498,9 +498,16 @@ def assert_within_matmul_rounding(product, weight, states, add=None):
 
 @pytest.mark.parametrize("rows", [1024, 100, 99])
 @pytest.mark.parametrize("columns", [1, 5, 32])
-def test_few_column_matmul_equals_addmm(rows, columns):
+@pytest.mark.parametrize("blocked", [False, True])
+def test_few_column_matmul_equals_addmm(rows, columns, blocked, monkeypatch):
     generator = torch.Generator().manual_seed(rows + columns)
     weight, states = torch.randn(rows, 64, generator=generator), torch.randn(64, columns, generator=generator)
+    # Both ways of computing it, whichever this machine measures faster.
+    chosen = elmo_cpu._row_blocks_for(weight, states)
+    assert chosen == 1 if columns == 1 or rows % 2 else chosen in (1, max(2, min(16, rows // 256)))
+    key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
+    if key in elmo_cpu._ROW_BLOCKS:
+        monkeypatch.setitem(elmo_cpu._ROW_BLOCKS, key, max(2, min(16, rows // 256)) if blocked else 1)
     add = torch.randn(columns, rows, generator=generator).t()  # a transposed view, as the steps pass it
     out = torch.full((rows, columns), float("nan"))
     assert few_column_matmul(weight, states, out, add=add) is out
