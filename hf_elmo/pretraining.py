@@ -508,7 +508,8 @@ def train(args) -> dict:
     batches = iter(loader)
     if checkpoint_state is not None:
         # Last, so that nothing between loading and the first batch draws from the restored generators.
-        _set_rng_state(_read_json(os.path.join(resume_from, RNG_STATE_FILE.format(rank=accelerator.process_index))))
+        _set_rng_state(_read_json(os.path.join(resume_from, RNG_STATE_FILE.format(rank=accelerator.process_index))),
+                       accelerator.device)
 
     def next_batch() -> tuple[dict, int]:
         item = next(batches)
@@ -686,8 +687,11 @@ def _word_list_digest(words: list[str]) -> str:
     return hashlib.sha256("\n".join(words).encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
-def _rng_state() -> dict:
-    """Every generator the training step may draw from, as JSON."""
+def _rng_state(device: torch.device) -> dict:
+    """
+    Every generator the training step may draw from, as JSON: the host's, and this process's GPU's when it trains
+    on one (only its own: touching every visible GPU would open a CUDA context on each, or fail on a CPU run).
+    """
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
@@ -695,27 +699,26 @@ def _rng_state() -> dict:
         "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state().numpy().tobytes().hex(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = [s.numpy().tobytes().hex() for s in torch.cuda.get_rng_state_all()]
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device).numpy().tobytes().hex()
     return state
 
 
-def _set_rng_state(state: dict) -> None:
+def _set_rng_state(state: dict, device: torch.device) -> None:
     try:
         version, internal, gauss = state["python"]
         random.setstate((version, tuple(internal), gauss))
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
         torch.set_rng_state(torch.frombuffer(bytearray.fromhex(state["torch"]), dtype=torch.uint8))
-        if torch.cuda.is_available() and "cuda" in state:
-            torch.cuda.set_rng_state_all(
-                [torch.frombuffer(bytearray.fromhex(s), dtype=torch.uint8) for s in state["cuda"]]
-            )
-        elif torch.cuda.is_available() or "cuda" in state:
+        on_cuda = device.type == "cuda"
+        if on_cuda and "cuda" in state:
+            torch.cuda.set_rng_state(torch.frombuffer(bytearray.fromhex(state["cuda"]), dtype=torch.uint8), device)
+        elif on_cuda or "cuda" in state:
             # Moving a run between a CPU and a GPU machine is allowed; it cannot repeat the original exactly.
-            logger.warning("--resume: the checkpoint was written %s CUDA and this run has %s: the CUDA generators "
-                           "start afresh, so the run will not repeat an uninterrupted one exactly.",
-                           "with" if "cuda" in state else "without", "it" if torch.cuda.is_available() else "none")
+            logger.warning("--resume: the checkpoint was written %s CUDA and this run has %s: the CUDA generator "
+                           "starts afresh, so the run will not repeat an uninterrupted one exactly.",
+                           "with" if "cuda" in state else "without", "it" if on_cuda else "none")
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         raise CheckpointError(f"--resume: the checkpoint's random generator state is not usable ({error}).") from None
 
@@ -812,7 +815,8 @@ def _save_checkpoint(accelerator, model, optimizer, output_dir: str, step: int, 
         torch.save(optimizer.state_dict(), os.path.join(staging, OPTIMIZER_FILE))
         _write_json_atomic(os.path.join(staging, TRAINING_STATE_FILE), training_state)
     # Generators differ between processes (seeded per process): each writes its own.
-    _write_json_atomic(os.path.join(staging, RNG_STATE_FILE.format(rank=accelerator.process_index)), _rng_state())
+    _write_json_atomic(os.path.join(staging, RNG_STATE_FILE.format(rank=accelerator.process_index)),
+                       _rng_state(accelerator.device))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if os.path.exists(final):
