@@ -162,11 +162,11 @@ def _run_embed(args) -> int:
     import torch
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from .embed import embed_file, load_model_and_tokenizer, open_input
+    from .embed import check_input, embed_file, load_model_and_tokenizer
     from .safe_output import check_replaceable_file
 
     # Before loading the model: a bad input or an output that may not be written is reported at once.
-    open_input(args.input).close()
+    check_input(args.input)
     check_replaceable_file(os.path.abspath(args.output), args.overwrite, inputs=[args.input])
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_model_and_tokenizer(args.model, device)

@@ -117,14 +117,21 @@ def count_lines(path: str) -> int:
     return count + (last != b"\n")
 
 
+def check_input(path: str) -> None:
+    """`open_input`'s errors, found without opening the input: a named pipe can be read only by one opening."""
+    if os.path.isdir(path):
+        raise EmbedInputError(f"{path}: is a directory, expected a text file (one sentence per line).")
+    if not os.path.exists(path):
+        raise EmbedInputError(f"{path}: input file not found.")
+
+
 def open_input(path: str):
     """The input file opened for `read_lines`, with a clear error when it cannot be."""
+    check_input(path)
     try:
         return open(path, "rb")
-    except FileNotFoundError:
+    except FileNotFoundError:  # removed since the check
         raise EmbedInputError(f"{path}: input file not found.") from None
-    except IsADirectoryError:
-        raise EmbedInputError(f"{path}: is a directory, expected a text file (one sentence per line).") from None
 
 
 def read_lines(handle, path: str):

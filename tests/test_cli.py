@@ -304,6 +304,27 @@ class HeldOpenInput:
             os.close(self.descriptor)
 
 
+def test_the_early_input_check_leaves_a_named_pipe_unopened(tmp_path):
+    # A pipe's writer may see its reader close (EPIPE) if the input is opened once to check it and again to read
+    # it; and with no writer yet, opening it would block.
+    import threading
+
+    from hf_elmo.embed import EmbedInputError, check_input
+
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    checked = threading.Thread(target=check_input, args=(str(fifo),), daemon=True)
+    checked.start()
+    checked.join(timeout=10)
+    if checked.is_alive():  # blocked in open(): release it before failing
+        os.close(os.open(fifo, os.O_WRONLY))
+    assert not checked.is_alive()
+    with pytest.raises(EmbedInputError, match="input file not found"):
+        check_input(str(tmp_path / "missing.txt"))
+    with pytest.raises(EmbedInputError, match="is a directory"):
+        check_input(str(tmp_path))
+
+
 @pytest.fixture
 def held_input(sentences, tmp_path_factory):
     """200 lines (three windows of 64 embedded, ~2 MB of output), then an open pipe with nothing more in it."""
