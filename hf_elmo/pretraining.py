@@ -53,6 +53,8 @@ CHECKPOINT_VERSION = 1
 # Written by Transformers or the run itself, not a property of the model.
 CONFIG_KEYS_NOT_COMPARED = {"transformers_version", "_name_or_path", "architectures", "auto_map", "dtype", "torch_dtype"}
 DEFAULT_LEARNING_RATES = {"adagrad": 0.2, "adamw": 1e-3}
+# Batches are padded to a multiple of this many words: a few shapes per run, for compiled code and the allocator.
+LENGTH_BUCKET = 8
 # Transformers' schedules that need nothing but the warm-up and total steps.
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "polynomial", "inverse_sqrt")
 
@@ -427,7 +429,7 @@ def train(args) -> dict:
         model.num_parameters(), model.config.vocab_size,
         f"sampled ({model.config.num_softmax_samples} negatives)" if sampled else "full", len(files),
     )
-    batch_encoder = BatchEncoder.from_tokenizer(tokenizer)
+    batch_encoder = BatchEncoder.from_tokenizer(tokenizer, pad_to_multiple_of=LENGTH_BUCKET)
 
     eval_batches = []
     if args.eval_file:

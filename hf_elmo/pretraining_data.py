@@ -381,10 +381,15 @@ class BatchEncoder:
     30x faster, so that the data never holds the model back. Keeps nothing between batches.
 
     `num_tokens` is the number of predictions per direction (words + one `</S>` per sentence), counted here so that
-    the training loop needs no device-to-host copy to count them.
+    the training loop needs no device-to-host copy to count them. With `pad_to_multiple_of`, the padded length is
+    rounded up to a multiple of it, so that a run meets a few batch shapes only (on a GPU, compiled code and the
+    memory allocator's blocks are reused across batches; padding costs the CPU's packed recurrence nothing).
     """
 
-    def __init__(self, word_vocab: list[str], max_characters_per_token: int = 50):
+    def __init__(self, word_vocab: list[str], max_characters_per_token: int = 50, pad_to_multiple_of: int = 1):
+        if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be a positive integer, got {pad_to_multiple_of!r}.")
+        self.pad_to_multiple_of = pad_to_multiple_of
         self.width = max_characters_per_token
         self.word_index = {}
         for index, word in enumerate(word_vocab):
@@ -397,8 +402,8 @@ class BatchEncoder:
         }
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> "BatchEncoder":
-        return cls(tokenizer.word_vocab, tokenizer.max_characters_per_token)
+    def from_tokenizer(cls, tokenizer, pad_to_multiple_of: int = 1) -> "BatchEncoder":
+        return cls(tokenizer.word_vocab, tokenizer.max_characters_per_token, pad_to_multiple_of)
 
     def char_rows(self, distinct: dict[str, int]) -> np.ndarray:
         """`(len(distinct) + 1, width)` char ids: row i = `word_to_char_ids` of the word numbered i, then zeros."""
@@ -428,7 +433,8 @@ class BatchEncoder:
         )
         word_ids = np.append(word_ids, -100)
         lengths = np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences))
-        mask = np.arange(int(lengths.max(initial=0)))[None, :] < lengths[:, None]
+        padded_length = -(-int(lengths.max(initial=0)) // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        mask = np.arange(padded_length)[None, :] < lengths[:, None]
         index = np.full(mask.shape, len(words), dtype=np.int64)
         index[mask] = positions
         return {

@@ -61,6 +61,16 @@ def test_batch_encoder_equals_the_tokenizer(tmp_path):
     batch = make_batch(tokenizer, odd)
     assert batch["labels"].tolist()[1:] == [[2, 4, -100, -100, -100, -100, -100, -100], [3] + [-100] * 7]
     assert batch["input_ids"][0, 0, :4].tolist() == [259, 257, 260, 261]  # <S>: the sentence-begin row
+    # Lengths bucketed: 8 words padded to a multiple of 5, the same batch otherwise.
+    bucketed = BatchEncoder.from_tokenizer(tokenizer, pad_to_multiple_of=5)(odd)
+    plain = encoder(odd)
+    assert bucketed["input_ids"].shape == (3, 10, 50) and bucketed["num_tokens"] == plain["num_tokens"]
+    for key in ("input_ids", "attention_mask", "labels"):
+        assert torch.equal(bucketed[key][:, :8], plain[key]), key
+    assert not bucketed["input_ids"][:, 8:].any() and not bucketed["attention_mask"][:, 8:].any()
+    assert (bucketed["labels"][:, 8:] == -100).all()
+    with pytest.raises(ValueError, match="pad_to_multiple_of must be a positive integer, got 0"):
+        BatchEncoder.from_tokenizer(tokenizer, pad_to_multiple_of=0)
     # Another row width (a model with max_characters_per_token 12).
     narrow = ElmoTokenizer(vocab_file=str(tmp_path / "vocab.txt"), max_characters_per_token=12)
     assert torch.equal(BatchEncoder.from_tokenizer(narrow)(odd)["input_ids"], tokenizer_batch(narrow, odd)["input_ids"])
