@@ -15,6 +15,8 @@ of `elmo_cuda` with a packed recurrence (`PackedClippedLstmRecurrence`): rows so
 computing only the rows still reading, with a hand-written backward built from `elmo_cuda`'s element-wise steps.
 """
 
+import functools
+import logging
 import time
 from collections import OrderedDict
 
@@ -24,6 +26,9 @@ from torch import nn
 from .configuration_elmo import FORGET_GATE_BIAS
 from .elmo_cuda import _cell_backward, _cell_forward
 from .elmo_cuda import bilstm as fused_bilstm
+
+
+logger = logging.getLogger(__name__)
 
 
 # Tuning constants, one place. Each trades speed against working memory; none depends on the processor's vendor.
@@ -144,8 +149,32 @@ class ElmoTokenCache:
         return torch.stack(found)
 
 
+def _has_native_bf16_matmuls() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX), as oneDNN reports it."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch without the query: assume it does
+        return True
+
+
+@functools.cache
+def _warn_about_emulated_bf16() -> None:
+    if not _has_native_bf16_matmuls():
+        logger.warning(
+            "ELMo runs in bf16 on a CPU without bf16 matrix instructions (AVX512-BF16 or AMX): its bf16 matmuls are "
+            "emulated, many times slower than fp32 (benchmarks/README.md). Keep the model in fp32 on this machine."
+        )
+
+
+def _check_dtype(tensor: torch.Tensor) -> None:
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else tensor.dtype
+    if dtype == torch.bfloat16:
+        _warn_about_emulated_bf16()
+
+
 def token_vectors(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     """`ElmoCharacterEncoder.forward`'s function, each distinct word computed once (and cached, when enabled)."""
+    _check_dtype(encoder.char_embeddings.weight)
     # A word's vector depends on its characters only, so each distinct word is computed once per call.
     distinct, inverse = torch.unique(char_ids, dim=0, return_inverse=True)
     needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in encoder.parameters())

@@ -343,6 +343,20 @@ def test_bf16_runs_close_to_fp32(model, implementation):
     assert max_diff(fast.hidden_states, reference.hidden_states) < 0.5
 
 
+def test_bf16_on_a_cpu_that_emulates_it_is_warned_about_once(model, caplog):
+    elmo_cpu._warn_about_emulated_bf16.cache_clear()
+    half = make_model().to(torch.bfloat16)
+    with caplog.at_level("WARNING", logger="hf_elmo.elmo_cpu"), torch.no_grad():
+        run(model, make_batch([3]), "cpu")  # fp32: never
+        run(half, make_batch([3]), "cpu")
+        run(half, make_batch([4]), "cpu")
+    warnings = [r.getMessage() for r in caplog.records if "bf16" in r.getMessage()]
+    emulated = not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert len(warnings) == int(emulated)
+    if emulated:
+        assert warnings[0].startswith("ELMo runs in bf16 on a CPU without bf16 matrix instructions (AVX512-BF16 or AMX)")
+
+
 def test_token_cache_is_exact_bounded_and_invalidated():
     model = make_model(seed=11)
     encoder = model.char_encoder
