@@ -258,16 +258,7 @@ def bilstm(
     if not _works_in_place(tokens):
         return packed_bilstm(module, tokens, mask, state, output_layers, words_only)
     batch_size, num_steps, width = tokens.shape
-    lengths = mask.sum(dim=1)
-    order = torch.argsort(lengths, descending=True, stable=True)
-    sorted_lengths = lengths[order]
-    host_lengths = sorted_lengths.tolist()
-    # rows_at[t]: how many (sorted) rows read step t.
-    rows_at, rows = [], batch_size
-    for step in range(host_lengths[0] if host_lengths else 0):
-        while host_lengths[rows - 1] <= step:
-            rows -= 1
-        rows_at.append(rows)
+    order, sorted_lengths, rows_at = longest_first(mask)
     # Packed time-major order: step 0 of every reading row, then step 1, ... Each position's source in the
     # padded (batch * time) layout: forward reads step t, backward reads step length - 1 - t.
     reading = torch.arange(len(rows_at), device=tokens.device)[:, None] < sorted_lengths
@@ -430,18 +421,27 @@ class PackedClippedLstmRecurrence(torch.autograd.Function):
                 None, None, None)
 
 
-def packed_bilstm(module, tokens, mask, state, output_layers, words_only):
-    """`bilstm` with autograd: `elmo_cuda`'s layers over the batch sorted longest first, with the packed recurrence."""
+def longest_first(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """
+    The batch's rows sorted by length, longest first (stable): `order`, the sorted lengths, and `rows_at[t]`, how
+    many sorted rows read step t (up to the longest length; read on the host).
+    """
     lengths = mask.sum(dim=1)
     order = torch.argsort(lengths, descending=True, stable=True)
-    restore = torch.argsort(order)
-    host_lengths = lengths[order].tolist()
+    sorted_lengths = lengths[order]
+    host_lengths = sorted_lengths.tolist()
     rows_at, rows = [], len(host_lengths)
     for step in range(host_lengths[0] if host_lengths else 0):
         while host_lengths[rows - 1] <= step:
             rows -= 1
         rows_at.append(rows)
-    rows_at = tuple(rows_at)
+    return order, sorted_lengths, tuple(rows_at)
+
+
+def packed_bilstm(module, tokens, mask, state, output_layers, words_only):
+    """`bilstm` with autograd: `elmo_cuda`'s layers over the batch sorted longest first, with the packed recurrence."""
+    order, _, rows_at = longest_first(mask)
+    restore = torch.argsort(order)
 
     def recurrence(*arguments):
         return PackedClippedLstmRecurrence.apply(*arguments, rows_at)
