@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from .configuration_elmo import ElmoConfig
+from . import vocabulary
 
 
 logger = logging.getLogger(__name__)
@@ -248,16 +249,14 @@ def write_weights(path: str, state_dict: dict[str, torch.Tensor], config: ElmoCo
 def read_vocab(path: str) -> list[str]:
     """A bilm-tf vocabulary file: one word per line, most frequent first, with `<S>`, `</S>` and `<UNK>`."""
     try:
-        # utf-8-sig: a byte-order mark written by some editors is not part of the first word.
-        with open(path, encoding="utf-8-sig") as f:
-            words = [line.strip() for line in f if line.strip()]
+        words = vocabulary.read_vocab(path)  # the rules of vocabulary.py, shared with the tokenizer
     except FileNotFoundError:
         raise BilmTfFormatError(f"{path}: vocabulary file not found.") from None
     except IsADirectoryError:
         raise BilmTfFormatError(f"{path}: is a directory, expected a vocabulary file.") from None
     except UnicodeDecodeError as error:
         raise BilmTfFormatError(f"{path}: vocabulary file is not UTF-8 text (byte {error.start}).") from None
-    missing = [word for word in ("<S>", "</S>", "<UNK>") if word not in words]
+    missing = vocabulary.missing_special_words(words)
     if missing:
         raise BilmTfFormatError(
             f"{path}: vocabulary lacks {', '.join(missing)}; a bilm-tf vocabulary lists one word per line with "
