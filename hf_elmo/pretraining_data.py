@@ -341,8 +341,9 @@ class BatchEncoder:
     """
     Model inputs for a batch of sentences: char ids `(batch, words, max_characters_per_token)`, attention mask and
     word-id `labels` (-100 on padding), equal to what `ElmoTokenizer` and `words_to_indices` give (tested), but
-    built with array operations over the batch's distinct words instead of a Python loop over characters: about
-    30x faster, so that the data never holds the model back. Keeps nothing between batches.
+    built with array operations over the batch's distinct words instead of a Python loop over characters, so that
+    the data never holds the model back (the speed-up, with the machine it was measured on, is in
+    benchmarks/README.md, "Pretraining"). Keeps nothing between batches.
 
     `num_tokens` is the number of predictions per direction (words + one `</S>` per sentence), counted here so that
     the training loop needs no device-to-host copy to count them.
