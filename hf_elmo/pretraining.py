@@ -1,9 +1,11 @@
 """Pretrain (or adapt) an ELMo biLM with Accelerate: one CPU, many GPUs, resumable.
 
-    hf-elmo-pretrain --train-files 'corpus/train-*.txt' --eval-file corpus/heldout.txt --build-vocab --min-count 3 \\
+    hf-elmo pretrain --train-files 'corpus/train-*.txt' --eval-file corpus/heldout.txt --build-vocab --min-count 3 \\
         --config small --batch-size 64 --max-steps 100000 --output-dir elmo-news
 
-    accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 -m hf_elmo.pretraining ...same options...
+    accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 -m hf_elmo.cli pretrain ...same options...
+
+(`hf-elmo-pretrain` and `python -m hf_elmo.pretraining` are older names of the same program.)
 
 The corpus is plain text, one sentence per line, in any number of shards (globs). It is streamed, so it may be
 larger than memory. Batches are whole sentences, each read from a zero LSTM state (see hf_elmo.pretraining_data for
@@ -89,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .configuration_elmo import ELMO_PRESETS
 
     parser = argparse.ArgumentParser(
-        prog="hf-elmo-pretrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="hf-elmo pretrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     data = parser.add_argument_group("data")
     data.add_argument("--train-files", nargs="+", required=True, metavar="GLOB",
@@ -206,7 +208,7 @@ def check_args(args, parser) -> None:
 
 
 def main(argv=None) -> int:
-    """Entry point of `hf-elmo-pretrain`, `hf-elmo pretrain` and `python -m hf_elmo.pretraining`."""
+    """Entry point of `hf-elmo pretrain` (and of its aliases `hf-elmo-pretrain`, `python -m hf_elmo.pretraining`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(args, parser)
@@ -409,7 +411,7 @@ def train(args) -> dict:
     )
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
         raise CheckpointError(
-            f"{accelerator.distributed_type.value}: hf-elmo-pretrain checkpoints hold the whole model and optimizer "
+            f"{accelerator.distributed_type.value}: hf-elmo pretrain checkpoints hold the whole model and optimizer "
             "on every process (single process or data parallel, `accelerate launch --multi_gpu`); sharded training "
             "(FSDP, DeepSpeed) is not supported."
         )
