@@ -14,7 +14,7 @@ import re
 import numpy as np
 import torch
 
-from .configuration_elmo import ElmoConfig
+from .configuration_elmo import N_CHARACTERS, ElmoConfig
 from . import vocabulary
 
 
@@ -100,7 +100,7 @@ def options_from_config(config: ElmoConfig) -> dict:
         "embedding": {"dim": config.char_embedding_dim},
         "filters": [list(f) for f in config.char_filters],
         "max_characters_per_token": config.max_characters_per_token,
-        "n_characters": config.n_characters,
+        "n_characters": N_CHARACTERS,
         "n_highway": config.n_highway,
     }
     return {"lstm": lstm, "char_cnn": char_cnn}
@@ -119,7 +119,7 @@ def weight_layout(config: ElmoConfig) -> list[tuple[str, tuple[int, ...], str, s
     `how` says how the hdf5 array becomes the PyTorch tensor. LSTM `W_0` is split into two keys.
     """
     e, f, p, d = config.char_embedding_dim, config.n_filters, config.projection_dim, config.lstm_dim
-    layout = [("char_embed", (config.n_characters - 1, e), "char_encoder.char_embeddings.weight", "pad_row")]
+    layout = [("char_embed", (N_CHARACTERS - 1, e), "char_encoder.char_embeddings.weight", "pad_row")]
     for i, (width, n) in enumerate(config.char_filters):
         layout.append((f"CNN/W_cnn_{i}", (1, width, e, n), f"char_encoder.convolutions.{i}.weight", "conv"))
         layout.append((f"CNN/b_cnn_{i}", (n,), f"char_encoder.convolutions.{i}.bias", "copy"))

@@ -28,6 +28,7 @@ from .configuration_elmo import (
     BEGIN_SENTENCE_WORD,
     END_SENTENCE_WORD,
     FORGET_GATE_BIAS,
+    N_CHARACTERS,
     ElmoConfig,
     word_to_char_ids,
 )
@@ -83,7 +84,7 @@ class ElmoCharacterEncoder(nn.Module):
     def __init__(self, config: ElmoConfig):
         super().__init__()
         # Row 0 is the padded-word row (ids are shifted by +1); it stays zero.
-        self.char_embeddings = nn.Embedding(config.n_characters, config.char_embedding_dim, padding_idx=0)
+        self.char_embeddings = nn.Embedding(N_CHARACTERS, config.char_embedding_dim, padding_idx=0)
         self.convolutions = nn.ModuleList(
             nn.Conv1d(config.char_embedding_dim, n_filters, kernel_size=width) for width, n_filters in config.char_filters
         )
@@ -398,8 +399,8 @@ class ElmoModel(ElmoPreTrainedModel):
             )
         if input_ids.numel():
             implementation.check(
-                (input_ids.min() >= 0) & (input_ids.max() < self.config.n_characters),
-                f"input_ids hold char ids outside [0, {self.config.n_characters}).",
+                (input_ids.min() >= 0) & (input_ids.max() < N_CHARACTERS),
+                f"input_ids hold char ids outside [0, {N_CHARACTERS}).",
             )
         lengths = mask.sum(dim=1)
         prefix = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
