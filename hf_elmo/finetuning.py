@@ -483,7 +483,8 @@ def write_model_card(output_dir: str, config, repo_id: str | None = None) -> str
         ),
     )
     path = os.path.join(output_dir, "README.md")
-    card.save(path)
+    with atomic_output_file(path) as partial:  # beside the saved model: never half a card
+        card.save(partial)
     return path
 
 
