@@ -33,7 +33,7 @@ from .configuration_elmo import (
     PAD_CHAR,
     word_to_char_ids,
 )
-from .vocabulary import SPECIAL_WORDS, UNKNOWN_WORD, build_vocab, write_vocab  # noqa: F401 (also imported from here)
+from .vocabulary import SPECIAL_WORDS, UNKNOWN_WORD
 
 
 logger = logging.getLogger(__name__)

@@ -28,14 +28,13 @@ from hf_elmo.pretraining import main as pretrain_main
 from hf_elmo.pretraining_data import (
     CorpusError,
     SentenceBatchStream,
-    build_vocab,
     count_words,
     make_batch,
     read_eval_sentences,
     resolve_shards,
-    write_vocab,
 )
 from hf_elmo.testing_utils import english_text_sample, free_port
+from hf_elmo.vocabulary import build_vocab, write_vocab
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
