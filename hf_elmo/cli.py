@@ -165,8 +165,11 @@ def _run_embed(args) -> int:
     from .embed import embed_file, load_model_and_tokenizer, open_input
     from .safe_output import check_replaceable_file
 
-    # Before loading the model: a bad input or an output that may not be written is reported at once.
-    open_input(args.input).close()
+    # Before loading the model: a bad input or an output that may not be written is reported at once. A named pipe
+    # (or other special file) is not opened twice: opening and closing it here would break the writer's pipe or
+    # discard what it wrote before embed_file opens it again.
+    if not os.path.exists(args.input) or os.path.isfile(args.input) or os.path.isdir(args.input):
+        open_input(args.input).close()
     check_replaceable_file(os.path.abspath(args.output), args.overwrite, inputs=[args.input])
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_model_and_tokenizer(args.model, device)
