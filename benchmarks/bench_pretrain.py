@@ -46,13 +46,12 @@ from hf_elmo.pretraining_data import (  # noqa: E402
     BatchEncoder,
     PretrainingBatches,
     WordSplitter,
-    build_vocab,
     count_words,
     resolve_shards,
-    write_vocab,
 )
 from hf_elmo.testing_utils import english_text_sample  # noqa: E402
 from hf_elmo.tokenization_elmo import ElmoTokenizer  # noqa: E402
+from hf_elmo.vocabulary import build_vocab, write_vocab  # noqa: E402
 
 
 def cpu_model() -> str:

@@ -13,7 +13,6 @@ along; it is already in bilm-tf's format.
 import argparse
 import logging
 import os
-import shutil
 import sys
 
 from hf_elmo.cli import handle_sigterm, run_reporting_errors
@@ -36,14 +35,12 @@ def main(argv=None) -> int:
 
 
 def _export(args) -> int:
-    options, weights = convert_hf_to_bilm_tf(args.model_dir, args.output, overwrite=args.overwrite)
+    # vocab.txt is copied inside the same atomic write as the weights: the export appears whole or not at all.
+    options, weights = convert_hf_to_bilm_tf(args.model_dir, args.output, overwrite=args.overwrite, with_vocab=True)
     written = [options, weights]
-    vocab = os.path.join(args.model_dir, "vocab.txt")
+    vocab = os.path.join(args.output, "vocab.txt")
     if os.path.isfile(vocab):
-        target = os.path.join(args.output, "vocab.txt")
-        shutil.copyfile(vocab, target + ".tmp")
-        os.replace(target + ".tmp", target)
-        written.append(target)
+        written.append(vocab)
     logging.getLogger("convert_hf_to_bilm_tf").info("Wrote %s", ", ".join(written))
     return 0
 

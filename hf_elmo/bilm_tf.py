@@ -14,7 +14,8 @@ import re
 import numpy as np
 import torch
 
-from .configuration_elmo import ElmoConfig
+from .configuration_elmo import N_CHARACTERS, ElmoConfig
+from . import vocabulary
 
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ def options_from_config(config: ElmoConfig) -> dict:
         "embedding": {"dim": config.char_embedding_dim},
         "filters": [list(f) for f in config.char_filters],
         "max_characters_per_token": config.max_characters_per_token,
-        "n_characters": config.n_characters,
+        "n_characters": N_CHARACTERS,
         "n_highway": config.n_highway,
     }
     return {"lstm": lstm, "char_cnn": char_cnn}
@@ -118,7 +119,7 @@ def weight_layout(config: ElmoConfig) -> list[tuple[str, tuple[int, ...], str, s
     `how` says how the hdf5 array becomes the PyTorch tensor. LSTM `W_0` is split into two keys.
     """
     e, f, p, d = config.char_embedding_dim, config.n_filters, config.projection_dim, config.lstm_dim
-    layout = [("char_embed", (config.n_characters - 1, e), "char_encoder.char_embeddings.weight", "pad_row")]
+    layout = [("char_embed", (N_CHARACTERS - 1, e), "char_encoder.char_embeddings.weight", "pad_row")]
     for i, (width, n) in enumerate(config.char_filters):
         layout.append((f"CNN/W_cnn_{i}", (1, width, e, n), f"char_encoder.convolutions.{i}.weight", "conv"))
         layout.append((f"CNN/b_cnn_{i}", (n,), f"char_encoder.convolutions.{i}.bias", "copy"))
@@ -248,16 +249,14 @@ def write_weights(path: str, state_dict: dict[str, torch.Tensor], config: ElmoCo
 def read_vocab(path: str) -> list[str]:
     """A bilm-tf vocabulary file: one word per line, most frequent first, with `<S>`, `</S>` and `<UNK>`."""
     try:
-        # utf-8-sig: a byte-order mark written by some editors is not part of the first word.
-        with open(path, encoding="utf-8-sig") as f:
-            words = [line.strip() for line in f if line.strip()]
+        words = vocabulary.read_vocab(path)  # the rules of vocabulary.py, shared with the tokenizer
     except FileNotFoundError:
         raise BilmTfFormatError(f"{path}: vocabulary file not found.") from None
     except IsADirectoryError:
         raise BilmTfFormatError(f"{path}: is a directory, expected a vocabulary file.") from None
     except UnicodeDecodeError as error:
         raise BilmTfFormatError(f"{path}: vocabulary file is not UTF-8 text (byte {error.start}).") from None
-    missing = [word for word in ("<S>", "</S>", "<UNK>") if word not in words]
+    missing = vocabulary.missing_special_words(words)
     if missing:
         raise BilmTfFormatError(
             f"{path}: vocabulary lacks {', '.join(missing)}; a bilm-tf vocabulary lists one word per line with "

@@ -82,6 +82,22 @@ ELMO_AUTO_MAP = {
 }
 
 
+# Rows of the character embedding: bilm-tf's alphabet of 256 bytes and 5 special characters, plus the all-zero
+# padding row (id 0). Not a configuration field: no other value is possible. bilm-tf's options.json says 261 (its
+# training files, without the padding row) or 262, and config.json files written before this was a constant say
+# 262; both are still accepted (and checked), neither is written any more.
+N_CHARACTERS = 262
+
+
+def _check_n_characters(value) -> None:
+    """An `n_characters` from an older config.json or a bilm-tf options.json: 261 or 262, or absent."""
+    if value is not None and value not in (N_CHARACTERS - 1, N_CHARACTERS):
+        raise ValueError(
+            f"ElmoConfig.n_characters must be 261 or 262 (bilm-tf's byte alphabet plus its 5 special "
+            f"characters), got {value!r}."
+        )
+
+
 class ElmoConfig(PreTrainedConfig):
     r"""
     Configuration of an ELMo bidirectional language model (Peters et al., 2018), field for field
@@ -92,9 +108,6 @@ class ElmoConfig(PreTrainedConfig):
         char_filters (`tuple[tuple[int, int], ...]`): `(width, n_filters)` of each character convolution.
         n_highway (`int`): number of highway layers after the convolutions (0 = none).
         char_embedding_dim (`int`): size of each character's embedding.
-        n_characters (`int`): rows of the character embedding. bilm-tf training files say 261 (no
-            padding row), inference files 262; both are accepted and stored as 262, the padding row
-            being all zeros.
         max_characters_per_token (`int`): length of a word's char-id row; words keep at most this
             minus 2 UTF-8 bytes.
         char_activation (`str`): `"relu"` or `"tanh"`, applied after the max-pool.
@@ -154,7 +167,6 @@ class ElmoConfig(PreTrainedConfig):
         char_filters=_RELEASED_FILTERS,
         n_highway=2,
         char_embedding_dim=16,
-        n_characters=262,
         max_characters_per_token=50,
         char_activation="relu",
         lstm_dim=4096,
@@ -182,7 +194,6 @@ class ElmoConfig(PreTrainedConfig):
         self.char_filters = tuple(tuple(int(v) for v in f) for f in _check_filters(char_filters))
         self.n_highway = n_highway
         self.char_embedding_dim = char_embedding_dim
-        self.n_characters = 262 if n_characters == 261 else n_characters
         self.max_characters_per_token = max_characters_per_token
         self.char_activation = char_activation
         self.lstm_dim = lstm_dim
@@ -205,6 +216,7 @@ class ElmoConfig(PreTrainedConfig):
         self.num_softmax_samples = num_softmax_samples
         self.lm_dropout = lm_dropout
         self.elmo_implementation = kwargs.pop("elmo_implementation", None)
+        _check_n_characters(kwargs.pop("n_characters", None))
         super().__init__(pad_token_id=pad_token_id, **kwargs)
         self.auto_map = {**ELMO_AUTO_MAP, **(getattr(self, "auto_map", None) or {})}
         self.validate_elmo()
@@ -226,6 +238,16 @@ class ElmoConfig(PreTrainedConfig):
         output = super().to_dict()
         output.pop("_elmo_implementation", None)
         return output
+
+    @property
+    def n_characters(self) -> int:
+        """Rows of the character embedding: always `N_CHARACTERS` (kept for code that reads it from the config)."""
+        return N_CHARACTERS
+
+    @n_characters.setter
+    def n_characters(self, value):
+        # `from_pretrained(..., n_characters=262)` sets it: a legal value changes nothing, another one is an error.
+        _check_n_characters(value)
 
     @property
     def hidden_size(self) -> int:
@@ -257,11 +279,6 @@ class ElmoConfig(PreTrainedConfig):
             positive_int(field)
         if isinstance(self.n_highway, bool) or not isinstance(self.n_highway, int) or self.n_highway < 0:
             raise ValueError(f"ElmoConfig.n_highway must be an integer >= 0, got {self.n_highway!r}.")
-        if self.n_characters != 262:
-            raise ValueError(
-                f"ElmoConfig.n_characters must be 261 or 262 (bilm-tf's byte alphabet plus its 5 special "
-                f"characters), got {self.n_characters!r}."
-            )
         if self.char_activation not in ("relu", "tanh"):
             raise ValueError(f"ElmoConfig.char_activation must be 'relu' or 'tanh', got {self.char_activation!r}.")
         widest = max(w for w, _ in self.char_filters)

@@ -4,6 +4,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 
 import torch
 
@@ -72,8 +73,14 @@ def convert_bilm_tf_to_hf(
     return output_dir
 
 
-def convert_hf_to_bilm_tf(model_dir: str, output_dir: str, overwrite: bool = False) -> tuple[str, str]:
-    """Export a saved `ElmoModel` (or any ELMo head's biLM) as bilm-tf `options.json` + `weights.hdf5`."""
+def convert_hf_to_bilm_tf(
+    model_dir: str, output_dir: str, overwrite: bool = False, with_vocab: bool = False
+) -> tuple[str, str]:
+    """
+    Export a saved `ElmoModel` (or any ELMo head's biLM) as bilm-tf `options.json` + `weights.hdf5`. With
+    `with_vocab`, a word vocabulary saved in a local `model_dir` (`vocab.txt`, already in bilm-tf's format) is
+    copied along, inside the same atomic write: the export appears whole or not at all.
+    """
     check_replaceable_dir(os.path.abspath(output_dir), overwrite, inputs=[model_dir])
     name, extra = resolve_model(model_dir)  # a mistyped folder fails here, without a Hub request
     model = ElmoModel.from_pretrained(name, **extra)
@@ -82,6 +89,9 @@ def convert_hf_to_bilm_tf(model_dir: str, output_dir: str, overwrite: bool = Fal
         with open(os.path.join(staging, "options.json"), "w", encoding="utf-8") as f:
             json.dump(bilm_tf.options_from_config(config), f, indent=2)
         bilm_tf.write_weights(os.path.join(staging, "weights.hdf5"), model.state_dict(), config)
+        vocab = os.path.join(model_dir, "vocab.txt")
+        if with_vocab and os.path.isfile(vocab):
+            shutil.copyfile(vocab, os.path.join(staging, "vocab.txt"))
     return os.path.join(output_dir, "options.json"), os.path.join(output_dir, "weights.hdf5")
 
 

@@ -29,11 +29,9 @@ Rules:
   to the same output removes).
 """
 
-import glob
 import json
 import logging
 import os
-import re
 import shutil
 from dataclasses import dataclass, field
 from itertools import islice
@@ -43,7 +41,7 @@ import torch
 
 from .model_source import resolve_model
 from .modeling_elmo import ElmoModel
-from .safe_output import OutputError, check_replaceable_file, pid_alive
+from .safe_output import OutputError, atomic_output_file, check_replaceable_file
 from .tokenization_elmo import ElmoTokenizer
 
 
@@ -89,22 +87,6 @@ class _Piece:
     key: str  # dataset name
     start: int  # offset of its first word in the line
     words: list[str]
-
-
-def _partial_path(output_path: str) -> str:
-    folder, name = os.path.split(output_path)
-    return os.path.join(folder, f".{name}.{os.getpid()}.partial")
-
-
-def _remove_stale_partials(output_path: str) -> None:
-    """Temporary files of earlier runs to the same output whose process is gone (killed before it could clean up)."""
-    folder, name = os.path.split(output_path)
-    pattern = re.compile(rf"^\.{re.escape(name)}\.(\d+)\.partial$")
-    for path in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.*.partial")):
-        match = pattern.match(os.path.basename(path))
-        if match and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
-            logger.info("Removing %s, left by an interrupted run", path)
-            os.remove(path)
 
 
 def count_lines(path: str) -> int:
@@ -224,23 +206,14 @@ def embed_file(
     handle = open_input(input_path)
     total = count_lines(input_path) if os.path.isfile(input_path) else None
     lines = read_lines(handle, input_path)
-    try:
-        os.makedirs(os.path.dirname(output_path), exist_ok=True)
-        _remove_stale_partials(output_path)
-        # Created here first: h5py reports a folder that cannot be written in a long message of its own.
-        with open(_partial_path(output_path), "wb"):
-            pass
-    except OSError as error:
-        handle.close()
-        raise OutputError(f"cannot write {output_path}: {error.strerror or error}.") from None
-
     config = model.config
     dtype = np.float16 if float16 else np.float32
     device = next(model.parameters()).device
     summary = EmbedSummary(output_path=output_path)
-    partial = _partial_path(output_path)
-    try:
-        with handle, h5py.File(partial, "w") as out, tqdm(total=total, unit=" lines", disable=not progress) as bar:
+    # The partial file is created on entry, before any work: a folder that cannot be written is reported at once,
+    # in our words rather than h5py's. It is flushed and renamed into place only when the whole input is embedded.
+    with handle, atomic_output_file(output_path) as partial:
+        with h5py.File(partial, "w") as out, tqdm(total=total, unit=" lines", disable=not progress) as bar:
             while True:
                 chunk = list(islice(lines, window))
                 if not chunk:
@@ -293,13 +266,6 @@ def embed_file(
                     "split_lines": summary.split_lines,
                 }
             )
-        with open(partial, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(partial, output_path)
-    except BaseException:
-        if os.path.exists(partial):
-            os.remove(partial)
-        raise
     if summary.empty_lines:
         logger.warning("%s without words, stored as empty datasets: %s", _lines(summary.empty_lines),
                        _line_numbers(summary.empty_line_numbers, summary.empty_lines))

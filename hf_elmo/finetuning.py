@@ -21,9 +21,10 @@ import json
 import logging
 import os
 import re
-import tempfile
 import warnings
 from dataclasses import dataclass
+
+from .safe_output import atomic_output_file, write_json_atomic
 
 
 logger = logging.getLogger(__name__)
@@ -287,16 +288,9 @@ def plot_layer_weights(weights_by_task: dict[str, list[float]], path: str | os.P
             axes.text(column, row, f"{value:.2f}", ha="center", va="center", color="white" if value > 0.6 else "black")
     axes.set_title(title or "Learned ELMo layer weights (softmax-normalised)")
     figure.colorbar(image, ax=axes)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, suffix=".png")
-    os.close(handle)
     try:
-        figure.savefig(temporary, dpi=120, bbox_inches="tight")
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+        with atomic_output_file(path) as partial:
+            figure.savefig(partial, format="png", dpi=120, bbox_inches="tight")
     finally:
         plt.close(figure)
     return path
@@ -445,17 +439,7 @@ def resolve_checkpoint(value: str | None, output_dir: str) -> str | None:
 
 def write_json(path: str | os.PathLike, data) -> None:
     """Write JSON through a temporary file in the same folder, so a crash never leaves half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+    write_json_atomic(path, data, indent=2, ensure_ascii=False, newline=True)
 
 
 def dataset_splits(name: str, config: str | None, columns: tuple[str, ...]) -> dict:
@@ -499,7 +483,8 @@ def write_model_card(output_dir: str, config, repo_id: str | None = None) -> str
         ),
     )
     path = os.path.join(output_dir, "README.md")
-    card.save(path)
+    with atomic_output_file(path) as partial:  # beside the saved model: never half a card
+        card.save(partial)
     return path
 
 

@@ -6,10 +6,8 @@ projection) -> `ElmoBiLstm` (stacked `ElmoLstmLayer`s per direction) -> `ElmoMod
 
 import contextlib
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -24,10 +22,12 @@ from .elmo_cpu import ElmoTokenCache
 from .elmo_cpu import bilstm as cpu_bilstm
 from .elmo_cpu import token_vectors as cpu_token_vectors
 from .elmo_cuda import bilstm as cuda_bilstm
+from .elmo_hub import ElmoHubMixin, add_custom_pipelines
 from .configuration_elmo import (
     BEGIN_SENTENCE_WORD,
     END_SENTENCE_WORD,
     FORGET_GATE_BIAS,
+    N_CHARACTERS,
     ElmoConfig,
     word_to_char_ids,
 )
@@ -83,7 +83,7 @@ class ElmoCharacterEncoder(nn.Module):
     def __init__(self, config: ElmoConfig):
         super().__init__()
         # Row 0 is the padded-word row (ids are shifted by +1); it stays zero.
-        self.char_embeddings = nn.Embedding(config.n_characters, config.char_embedding_dim, padding_idx=0)
+        self.char_embeddings = nn.Embedding(N_CHARACTERS, config.char_embedding_dim, padding_idx=0)
         self.convolutions = nn.ModuleList(
             nn.Conv1d(config.char_embedding_dim, n_filters, kernel_size=width) for width, n_filters in config.char_filters
         )
@@ -278,7 +278,7 @@ def elmo_implementation_for(config: ElmoConfig, device: torch.device) -> ElmoImp
     return ELMO_IMPLEMENTATIONS[name]
 
 
-class ElmoPreTrainedModel(PreTrainedModel):
+class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
     config_class = ElmoConfig
     config: ElmoConfig
     base_model_prefix = "elmo"
@@ -313,28 +313,6 @@ class ElmoPreTrainedModel(PreTrainedModel):
         for module in self.modules():
             if isinstance(module, PreTrainedModel):
                 module.config.elmo_implementation = name
-
-    # --- Hub tooling (hf-elmo publish / trust_remote_code): every saved folder has a tokenizer -------------------
-    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
-        """
-        `PreTrainedModel.save_pretrained`, plus the default `ElmoTokenizer` of this model when the folder has no
-        tokenizer yet. ELMo's tokenizer needs nothing but the config, so this makes every saved ELMo folder (a
-        Trainer checkpoint, a model saved alone) load with `AutoTokenizer.from_pretrained(folder,
-        trust_remote_code=True)`. A tokenizer saved into the folder, before or after, takes precedence.
-        """
-        folder = os.fspath(save_directory)
-        if is_main_process and not os.path.isfile(folder) and not os.path.isfile(
-            os.path.join(folder, "tokenizer_config.json")
-        ):
-            # Written first so that save_pretrained(push_to_hub=True) uploads it too. This relative import also
-            # makes Transformers copy tokenization_elmo.py with this file (saving and trust_remote_code loading).
-            from .tokenization_elmo import ElmoTokenizer
-
-            os.makedirs(folder, exist_ok=True)
-            # Without hf_elmo (remote code), the class is only registered if AutoTokenizer loaded it.
-            ElmoTokenizer.register_for_auto_class("AutoTokenizer")
-            ElmoTokenizer(max_characters_per_token=self.config.max_characters_per_token).save_pretrained(folder)
-        return super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
 
 
 class ElmoModel(ElmoPreTrainedModel):
@@ -398,8 +376,8 @@ class ElmoModel(ElmoPreTrainedModel):
             )
         if input_ids.numel():
             implementation.check(
-                (input_ids.min() >= 0) & (input_ids.max() < self.config.n_characters),
-                f"input_ids hold char ids outside [0, {self.config.n_characters}).",
+                (input_ids.min() >= 0) & (input_ids.max() < N_CHARACTERS),
+                f"input_ids hold char ids outside [0, {N_CHARACTERS}).",
             )
         lengths = mask.sum(dim=1)
         prefix = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
@@ -507,22 +485,6 @@ class ElmoModel(ElmoPreTrainedModel):
 # layers per word; a task learns a softmax-normalised weight per layer and a scale gamma to mix them
 # (`ElmoScalarMix`), applies dropout, optionally runs a small biLSTM over the mix, and classifies.
 # ---------------------------------------------------------------------------------------------
-
-# pipeline_elmo.py holds the token-classification pipeline that `config.custom_pipelines` points to.
-# Transformers copies the files named in one-level relative imports along with this one (save_pretrained,
-# trust_remote_code), so naming it here is what makes every saved folder carry it. Never imported at run time.
-if TYPE_CHECKING:
-    from .pipeline_elmo import ElmoTokenClassificationPipeline  # noqa: F401
-
-ELMO_CUSTOM_PIPELINES = {
-    "token-classification": {
-        "impl": "pipeline_elmo.ElmoTokenClassificationPipeline",
-        "pt": ["AutoModelForTokenClassification"],
-        "tf": [],
-        "type": "text",
-    }
-}
-
 
 class ElmoScalarMix(nn.Module):
     """
@@ -686,7 +648,7 @@ class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
         super().__init__(config)
         self.num_labels = config.num_labels
         # The stock pipeline cannot read per-word char ids; this makes pipeline(..., trust_remote_code=True) use ours.
-        config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), **ELMO_CUSTOM_PIPELINES}
+        add_custom_pipelines(config)
         self.elmo = ElmoModel(config)
         self.encoder = ElmoTaskEncoder(config)
         self.classifier = nn.Linear(self.encoder.output_size, config.num_labels)

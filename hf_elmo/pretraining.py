@@ -1,9 +1,11 @@
 """Pretrain (or adapt) an ELMo biLM with Accelerate: one CPU, many GPUs, resumable.
 
-    hf-elmo-pretrain --train-files 'corpus/train-*.txt' --eval-file corpus/heldout.txt --build-vocab --min-count 3 \\
+    hf-elmo pretrain --train-files 'corpus/train-*.txt' --eval-file corpus/heldout.txt --build-vocab --min-count 3 \\
         --config small --batch-size 64 --max-steps 100000 --output-dir elmo-news
 
-    accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 -m hf_elmo.pretraining ...same options...
+    accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 -m hf_elmo.cli pretrain ...same options...
+
+(`hf-elmo-pretrain` and `python -m hf_elmo.pretraining` are older names of the same program.)
 
 The corpus is plain text, one sentence per line, in any number of shards (globs). It is streamed, so it may be
 larger than memory. Batches are whole sentences, each read from a zero LSTM state (see hf_elmo.pretraining_data for
@@ -36,6 +38,8 @@ import time
 
 import numpy as np
 import torch
+
+from .safe_output import write_json_atomic
 
 
 # Named explicitly: under `python -m hf_elmo.pretraining` __name__ is "__main__".
@@ -89,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .configuration_elmo import ELMO_PRESETS
 
     parser = argparse.ArgumentParser(
-        prog="hf-elmo-pretrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="hf-elmo pretrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     data = parser.add_argument_group("data")
     data.add_argument("--train-files", nargs="+", required=True, metavar="GLOB",
@@ -206,7 +210,7 @@ def check_args(args, parser) -> None:
 
 
 def main(argv=None) -> int:
-    """Entry point of `hf-elmo-pretrain`, `hf-elmo pretrain` and `python -m hf_elmo.pretraining`."""
+    """Entry point of `hf-elmo pretrain` (and of its aliases `hf-elmo-pretrain`, `python -m hf_elmo.pretraining`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(args, parser)
@@ -250,7 +254,9 @@ def load_config(source: str):
 
 def resolve_vocab(args, accelerator, split_words, files) -> str:
     """The vocabulary file of this run, always kept as OUTPUT_DIR/vocab.txt so that `--resume` finds it."""
-    from .pretraining_data import build_vocab, count_words, write_vocab
+    from .pretraining_data import count_words
+    from .safe_output import atomic_output_file
+    from .vocabulary import build_vocab, write_vocab
 
     kept = os.path.join(args.output_dir, "vocab.txt")
     if args.resume and os.path.isfile(kept) and latest_checkpoint(args.output_dir):
@@ -287,7 +293,8 @@ def resolve_vocab(args, accelerator, split_words, files) -> str:
             write_vocab(words, kept)
             logger.info("Wrote %s: %d entries (%d distinct words in the corpus)", kept, len(words), len(counts))
         elif os.path.abspath(source) != os.path.abspath(kept):
-            shutil.copyfile(source, kept)
+            with atomic_output_file(kept) as partial:
+                shutil.copyfile(source, partial)
     accelerator.wait_for_everyone()
     return kept
 
@@ -406,7 +413,7 @@ def train(args) -> dict:
     )
     if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
         raise CheckpointError(
-            f"{accelerator.distributed_type.value}: hf-elmo-pretrain checkpoints hold the whole model and optimizer "
+            f"{accelerator.distributed_type.value}: hf-elmo pretrain checkpoints hold the whole model and optimizer "
             "on every process (single process or data parallel, `accelerate launch --multi_gpu`); sharded training "
             "(FSDP, DeepSpeed) is not supported."
         )
@@ -470,8 +477,10 @@ def train(args) -> dict:
         logger.info("Resumed from %s: step %d, epoch %d", resume_from, progress.step, stream.epoch)
         _apply_new_learning_rate(scheduler, args.learning_rate)
     elif main_process:
-        with open(os.path.join(args.output_dir, "training_args.json"), "w", encoding="utf-8") as f:
-            json.dump({**vars(args), "batching": "sentences", "num_processes": accelerator.num_processes}, f, indent=2)
+        write_json_atomic(
+            os.path.join(args.output_dir, "training_args.json"),
+            {**vars(args), "batching": "sentences", "num_processes": accelerator.num_processes},
+        )
     accelerator.init_trackers("elmo-pretraining", config=tracker_config(args, accelerator))
 
     def evaluate() -> dict:
@@ -662,19 +671,6 @@ def _evaluate(accelerator, model, eval_batches) -> dict:
 # ---------------------------------------------------------------------------------------------------------------
 # Checkpoints: data only (safetensors, weights-only tensors, JSON); every file written whole or not at all
 # ---------------------------------------------------------------------------------------------------------------
-def _write_json_atomic(path: str, data) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, staging = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + "-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=1)
-        os.replace(staging, path)
-    except BaseException:
-        if os.path.exists(staging):
-            os.remove(staging)
-        raise
-
-
 def _read_json(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as handle:
@@ -815,10 +811,10 @@ def _save_checkpoint(accelerator, model, optimizer, output_dir: str, step: int, 
         # Data-parallel replicas hold the same model and optimizer state: one copy is written.
         accelerator.unwrap_model(model).save_pretrained(staging, state_dict=state_dict)
         torch.save(optimizer.state_dict(), os.path.join(staging, OPTIMIZER_FILE))
-        _write_json_atomic(os.path.join(staging, TRAINING_STATE_FILE), training_state)
+        write_json_atomic(os.path.join(staging, TRAINING_STATE_FILE), training_state, indent=1)
     # Generators differ between processes (seeded per process): each writes its own.
-    _write_json_atomic(os.path.join(staging, RNG_STATE_FILE.format(rank=accelerator.process_index)),
-                       _rng_state(accelerator.device))
+    rng_file = os.path.join(staging, RNG_STATE_FILE.format(rank=accelerator.process_index))
+    write_json_atomic(rng_file, _rng_state(accelerator.device), indent=1)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if os.path.exists(final):
@@ -843,7 +839,7 @@ def _save_final(output_dir: str, model, state_dict: dict, tokenizer, results: di
     staging = tempfile.mkdtemp(dir=output_dir, prefix=FINAL_STAGING_PREFIX, suffix=".partial")
     model.save_pretrained(staging, state_dict=state_dict)
     tokenizer.save_pretrained(staging)
-    _write_json_atomic(os.path.join(staging, "eval_results.json"), results)
+    write_json_atomic(os.path.join(staging, "eval_results.json"), results, indent=1)
     weights = sorted(name for name in os.listdir(staging) if name.endswith((".safetensors", ".safetensors.index.json")))
     rest = sorted(name for name in os.listdir(staging) if name not in weights and name != "eval_results.json")
     for name in [*rest, *weights, "eval_results.json"]:

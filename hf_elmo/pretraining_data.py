@@ -18,7 +18,6 @@ import logging
 import math
 import os
 import random
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
@@ -34,12 +33,11 @@ from .configuration_elmo import (
     PAD_CHAR,
     word_to_char_ids,
 )
+from .vocabulary import SPECIAL_WORDS, UNKNOWN_WORD
 
 
 logger = logging.getLogger(__name__)
 
-UNKNOWN_WORD = "<UNK>"
-SPECIAL_WORDS = (BEGIN_SENTENCE_WORD, END_SENTENCE_WORD, UNKNOWN_WORD)
 
 
 class CorpusError(ValueError):
@@ -113,7 +111,7 @@ class WordSplitter:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Word vocabulary (bilm-tf's vocabulary file format: one word per line, <S> </S> <UNK> first, then by frequency)
+# Word vocabulary: counting the corpus here; building, reading and writing the file in vocabulary.py
 # ---------------------------------------------------------------------------------------------------------------
 def count_words(files: list[str], split_words: Callable[[str], list[str]]) -> collections.Counter:
     counts = collections.Counter()
@@ -124,40 +122,6 @@ def count_words(files: list[str], split_words: Callable[[str], list[str]]) -> co
     for word in SPECIAL_WORDS:
         counts.pop(word, None)
     return counts
-
-
-def build_vocab(counts: collections.Counter, min_count: int = 1, max_size: int | None = None) -> list[str]:
-    """
-    `<S>`, `</S>`, `<UNK>`, then every word seen at least `min_count` times, most frequent first (ties in string
-    order, so the result does not depend on the order of the corpus). `max_size` caps the total, specials included.
-    Frequency order is what the log-uniform sampled softmax assumes.
-    """
-    if min_count < 1:
-        raise ValueError(f"min_count must be >= 1, got {min_count}.")
-    if max_size is not None and max_size <= len(SPECIAL_WORDS):
-        raise ValueError(f"max_size must be larger than {len(SPECIAL_WORDS)} (the special words), got {max_size}.")
-    words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
-    vocab = [*SPECIAL_WORDS, *words]
-    return vocab if max_size is None else vocab[:max_size]
-
-
-def write_vocab(words: list[str], path: str) -> str:
-    """Write a vocabulary file atomically (a temporary file renamed into place)."""
-    bad = [w for w in words if not w or any(c.isspace() for c in w)]
-    if bad:
-        raise ValueError(f"vocabulary words must be non-empty and hold no whitespace, got {bad[:5]!r}.")
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, staging = tempfile.mkstemp(dir=directory, prefix=".vocab-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write("".join(word + "\n" for word in words))
-        os.replace(staging, path)
-    except BaseException:
-        if os.path.exists(staging):
-            os.remove(staging)
-        raise
-    return path
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -377,8 +341,9 @@ class BatchEncoder:
     """
     Model inputs for a batch of sentences: char ids `(batch, words, max_characters_per_token)`, attention mask and
     word-id `labels` (-100 on padding), equal to what `ElmoTokenizer` and `words_to_indices` give (tested), but
-    built with array operations over the batch's distinct words instead of a Python loop over characters: about
-    30x faster, so that the data never holds the model back. Keeps nothing between batches.
+    built with array operations over the batch's distinct words instead of a Python loop over characters, so that
+    the data never holds the model back (the speed-up, with the machine it was measured on, is in
+    benchmarks/README.md, "Pretraining"). Keeps nothing between batches.
 
     `num_tokens` is the number of predictions per direction (words + one `</S>` per sentence), counted here so that
     the training loop needs no device-to-host copy to count them. With `pad_to_multiple_of`, the padded length is

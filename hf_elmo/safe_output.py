@@ -7,6 +7,8 @@
   previous folder takes two renames (old aside to `.NAME.old-PID-*/previous`, new in); SIGINT and SIGTERM are held
   back during them, and a run killed in between (SIGKILL) is repaired by the next run to the same output, which
   puts the previous folder back. Leftovers of killed runs (their process is gone) are removed by later runs.
+- A single file is written as a hidden `.NAME.<pid>.partial` beside it (`atomic_output_file`), flushed to disk and
+  renamed into place when complete; on failure it is removed, and one left by a killed run is removed by the next.
 """
 
 import contextlib
@@ -216,3 +218,62 @@ def _is_our_hdf5(path: str) -> bool:
             return "format_version" in f.attrs and "layers" in f.attrs and "num_lines" in f.attrs
     except OSError:
         return False
+
+
+def partial_path(output_path: str) -> str:
+    """The hidden `.NAME.<pid>.partial` file beside `output_path` that `atomic_output_file` writes first."""
+    folder, name = os.path.split(output_path)
+    return os.path.join(folder, f".{name}.{os.getpid()}.partial")
+
+
+def remove_stale_partials(output_path: str) -> None:
+    """Partial files of earlier runs to the same output whose process is gone (killed before it could clean up)."""
+    folder, name = os.path.split(output_path)
+    pattern = re.compile(rf"^\.{re.escape(name)}\.(\d+)\.partial$")
+    for path in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.*.partial")):
+        match = pattern.match(os.path.basename(path))
+        if match and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
+            logger.info("Removing %s, left by an interrupted run", path)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+
+@contextlib.contextmanager
+def atomic_output_file(output_path):
+    """
+    Yields the path of a hidden, empty `.NAME.<pid>.partial` file beside `output_path` to write; when the block
+    succeeds it is flushed to disk and renamed over `output_path`, otherwise removed. Readers see the old file or
+    the complete new one, never half a file. A folder that cannot be written fails here, before any work, with an
+    `OutputError` naming `output_path`. Replacing an existing file is the caller's decision (see
+    `check_replaceable_file`).
+    """
+    output_path = os.path.abspath(os.fspath(output_path))
+    partial = partial_path(output_path)
+    try:
+        os.makedirs(os.path.dirname(output_path), exist_ok=True)
+        remove_stale_partials(output_path)
+        # Created here first, with the permissions a plain open() gives: the writer may then open it in any way.
+        with open(partial, "wb"):
+            pass
+    except OSError as error:
+        raise OutputError(f"cannot write {output_path}: {error.strerror or error}.") from None
+    try:
+        yield partial
+        with open(partial, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, output_path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)
+        raise
+
+
+def write_text_atomic(output_path, text: str) -> None:
+    """Write `text` (UTF-8) to `output_path` through `atomic_output_file`."""
+    with atomic_output_file(output_path) as partial, open(partial, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write_json_atomic(output_path, data, indent: int = 2, ensure_ascii: bool = True, newline: bool = False) -> None:
+    """Write `data` as JSON to `output_path` through `atomic_output_file`."""
+    write_text_atomic(output_path, json.dumps(data, indent=indent, ensure_ascii=ensure_ascii) + ("\n" if newline else ""))

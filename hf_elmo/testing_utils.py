@@ -13,11 +13,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
 import torch
+
+from .safe_output import atomic_output_dir, write_text_atomic
 
 
 logger = logging.getLogger(__name__)
@@ -58,12 +59,11 @@ def allennlp_fixture_root() -> Path:
     if (root / "elmo" / "lm_weights.hdf5").exists():
         return root
     wheel = _fetched_wheel(ALLENNLP_WHEEL, "allennlp==0.9.0", "bilm-tf's test fixtures")
-    # Unpack beside the final place and move it in whole, so an interrupted run leaves no partial tree.
-    staging = Path(tempfile.mkdtemp(dir=cache, prefix="allennlp-0.9.0.partial-"))
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(staging, [n for n in archive.namelist() if n.startswith(FIXTURE_PREFIXES)])
+    # An incomplete earlier unpacking is discarded; the new one is moved in whole, so an interrupted run leaves no
+    # partial tree.
     shutil.rmtree(unpacked, ignore_errors=True)
-    os.replace(staging, unpacked)
+    with atomic_output_dir(str(unpacked)) as staging, zipfile.ZipFile(wheel) as archive:
+        archive.extractall(staging, [n for n in archive.namelist() if n.startswith(FIXTURE_PREFIXES)])
     return root
 
 
@@ -103,12 +103,7 @@ def english_text_sample() -> Path:
     sentences = list(_wikipedia_sentences(dump))[::4][:ENGLISH_SAMPLE_SENTENCES]
     if len(sentences) < ENGLISH_SAMPLE_SENTENCES:
         raise RuntimeError(f"{GENSIM_ENWIKI_MEMBER}: only {len(sentences)} clean sentences, expected more.")
-    # Written beside the final place and renamed, so an interrupted run leaves no partial file.
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, staging = tempfile.mkstemp(dir=target.parent, prefix=".sentences-", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write("".join(s + "\n" for s in sentences))
-    os.replace(staging, target)
+    write_text_atomic(target, "".join(s + "\n" for s in sentences))  # an interrupted run leaves no partial file
     return target
 
 

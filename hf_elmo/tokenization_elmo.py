@@ -35,14 +35,12 @@ from .configuration_elmo import (
     char_ids_to_word,
     word_to_char_ids,
 )
+from .vocabulary import UNKNOWN_WORD, VOCAB_FILE_NAME, missing_special_words, read_vocab, write_vocab
 
 
 logger = logging.get_logger(__name__)
 
-VOCAB_FILES_NAMES = {"vocab_file": "vocab.txt"}
-UNKNOWN_WORD = "<UNK>"
-# Some bilm-tf / lm_1b vocabulary files carry this bookkeeping line; it is not a word.
-_MAX_TERM_ID_LINE = "!!!MAXTERMID"
+VOCAB_FILES_NAMES = {"vocab_file": VOCAB_FILE_NAME}
 
 # ---------------------------------------------------------------------------------------------
 # Word splitting of raw text. "ptb" approximates the Penn-Treebank-style tokenisation of the news
@@ -160,14 +158,10 @@ def _load_word_vocab(path) -> list[str]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"ElmoTokenizer: the vocabulary file {path!r} does not exist (or is not a file).")
     try:
-        # utf-8-sig: a byte-order mark (some editors write one) must not become part of the first word.
-        with open(path, encoding="utf-8-sig") as handle:
-            # One word per line, surrounding whitespace stripped, as bilm-tf reads it.
-            words = [line.strip() for line in handle]
+        words = read_vocab(path)  # the rules of vocabulary.py: stripped lines, BOM-safe, no !!!MAXTERMID
     except UnicodeDecodeError as err:
         raise ValueError(f"ElmoTokenizer: the vocabulary file {path!r} is not UTF-8 text ({err}).") from err
-    words = [w for w in words if w != _MAX_TERM_ID_LINE]
-    missing = [w for w in (BEGIN_SENTENCE_WORD, END_SENTENCE_WORD, UNKNOWN_WORD) if w not in words]
+    missing = missing_special_words(words)
     if missing:
         raise ValueError(
             f"ElmoTokenizer: the vocabulary file {path!r} lacks the required entries {missing}. A bilm-tf "
@@ -461,9 +455,7 @@ class ElmoTokenizer(PreTrainedTokenizer):
         path = os.path.join(
             save_directory, (filename_prefix + "-" if filename_prefix else "") + VOCAB_FILES_NAMES["vocab_file"]
         )
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write("".join(word + "\n" for word in self._word_vocab))
-        return (path,)
+        return (write_vocab(self._word_vocab, path, validate=False),)  # written back as read
 
     def _add_tokens(self, new_tokens, special_tokens: bool = False) -> int:
         if special_tokens or not new_tokens:

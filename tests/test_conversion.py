@@ -47,6 +47,19 @@ def test_config_validation_names_the_bad_field(kwargs, message):
         ElmoConfig(**kwargs)
 
 
+@pytest.mark.parametrize("n_characters", [261, 262])
+def test_config_json_written_with_n_characters_still_loads(tmp_path, n_characters):
+    # config.json files written while n_characters was a field hold it; it is accepted, checked and not kept.
+    ElmoConfig.from_preset("small").save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**written, "n_characters": n_characters}))
+    config = ElmoConfig.from_pretrained(tmp_path)
+    assert config.n_characters == 262 and "n_characters" not in config.to_dict()
+    (tmp_path / "config.json").write_text(json.dumps({**written, "n_characters": 300}))
+    with pytest.raises(ValueError, match="n_characters must be 261 or 262"):
+        ElmoConfig.from_pretrained(tmp_path)
+
+
 def test_config_round_trip_and_261_characters(tmp_path):
     config = ElmoConfig.from_preset("small", n_characters=261, proj_clip=None)
     assert config.n_characters == 262 and config.proj_clip is None
@@ -128,7 +141,9 @@ def test_training_options_with_261_characters(fixture_copy):
     options.update({"n_tokens_vocab": 3, "batch_size": 128, "unroll_steps": 20, "dropout": 0.1})
     (fixture_copy / "options.json").write_text(json.dumps(options))
     folder = convert(fixture_copy)
-    assert json.loads((fixture_copy / "out" / "config.json").read_text())["n_characters"] == 262
+    # 262 rows whatever options.json says: a constant (N_CHARACTERS), no longer written to config.json.
+    assert "n_characters" not in json.loads((fixture_copy / "out" / "config.json").read_text())
+    assert ElmoConfig.from_pretrained(fixture_copy / "out").n_characters == 262
     assert os.path.exists(os.path.join(folder, "model.safetensors"))
 
 

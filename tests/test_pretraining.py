@@ -28,14 +28,13 @@ from hf_elmo.pretraining import main as pretrain_main
 from hf_elmo.pretraining_data import (
     CorpusError,
     SentenceBatchStream,
-    build_vocab,
     count_words,
     make_batch,
     read_eval_sentences,
     resolve_shards,
-    write_vocab,
 )
 from hf_elmo.testing_utils import english_text_sample, free_port
+from hf_elmo.vocabulary import build_vocab, write_vocab
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -582,7 +581,7 @@ def _launch(corpus, vocab, output, *extra):
     return [
         sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "bf16",
-        "--dynamo_backend", "no", "-m", "hf_elmo.pretraining",
+        "--dynamo_backend", "no", "-m", "hf_elmo.cli", "pretrain",
         *common_args(corpus, output, "--vocab", str(vocab), "--num-softmax-samples", "256", "--batch-size", "8",
                      "--max-steps", "12", "--save-steps", "4", "--logging-steps", "4", "--eval-steps", "4",
                      "--eval-file", str(corpus / "heldout.txt"), "--eval-max-sentences", "32",
@@ -682,7 +681,7 @@ def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
         for line in process.stdout:
             lines.append(line)
             if "Saved checkpoint" in line and line.rstrip().endswith("checkpoint-4"):
-                training = [p for p in _descendants(process.pid) if "hf_elmo.pretraining" in _cmdline(p)]
+                training = [p for p in _descendants(process.pid) if "hf_elmo.cli" in _cmdline(p)]
                 # The training processes, not their DataLoader workers (forked: the same command line).
                 workers = [p for p in training if _parent(p) not in training]
                 _kill_tree(process.pid)  # the launcher and both workers, mid-training: a crashed machine

@@ -17,9 +17,9 @@ from hf_elmo.pretraining_data import (
     WordSplitter,
     make_batch,
     resolve_shards,
-    write_vocab,
 )
 from hf_elmo.testing_utils import english_text_sample
+from hf_elmo.vocabulary import write_vocab
 
 
 @pytest.fixture(autouse=True)

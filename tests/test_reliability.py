@@ -489,3 +489,26 @@ def test_a_mistyped_local_folder_fails_at_once_without_a_hub_request(silent_hub,
 def test_what_counts_as_a_hub_repo_id(name, is_repo, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert looks_like_repo_id(name) is is_repo
+
+
+def test_atomic_output_file_publishes_whole_files_or_nothing(tmp_path):
+    from hf_elmo.safe_output import atomic_output_file, write_text_atomic
+
+    target = tmp_path / "made" / "out.txt"  # the folder is created
+    write_text_atomic(target, "old\n")
+    with pytest.raises(RuntimeError, match="boom"):
+        with atomic_output_file(target) as partial:
+            with open(partial, "w") as handle:
+                handle.write("half")
+            raise RuntimeError("boom")
+    assert target.read_text() == "old\n" and os.listdir(target.parent) == ["out.txt"]
+    # A partial file of a run that was killed (its process is gone) is removed by the next write.
+    (target.parent / ".out.txt.999999999.partial").write_text("left by a killed run")
+    with atomic_output_file(target) as partial:
+        assert os.path.basename(partial) == f".out.txt.{os.getpid()}.partial"
+        with open(partial, "w") as handle:
+            handle.write("new\n")
+    assert target.read_text() == "new\n" and os.listdir(target.parent) == ["out.txt"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # what a plain open() gives, not mkstemp's 0600

@@ -426,3 +426,15 @@ def test_vocab_lacking_boundary_words_says_which(tmp_path):
         ElmoTokenizer(vocab_file=vocab)
     bilm = write_vocab(tmp_path / "m.txt", ["!!!MAXTERMID", "<S>", "</S>", "<UNK>", "the"])
     assert ElmoTokenizer(vocab_file=bilm).word_vocab == ["<S>", "</S>", "<UNK>", "the"]
+
+
+def test_one_set_of_vocabulary_rules_for_tokenizer_and_converter(tmp_path):
+    from hf_elmo import bilm_tf
+    from hf_elmo.vocabulary import read_vocab
+
+    path = tmp_path / "vocab.txt"
+    path.write_bytes("\ufeff!!!MAXTERMID\n<S>\n </S> \n<UNK>\r\nthe\n".encode("utf-8"))
+    expected = ["<S>", "</S>", "<UNK>", "the"]
+    assert read_vocab(path) == expected
+    assert bilm_tf.read_vocab(str(path)) == expected
+    assert ElmoTokenizer(vocab_file=path).word_vocab == expected

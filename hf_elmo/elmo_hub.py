@@ -1,0 +1,60 @@
+"""What makes every saved ELMo folder work from the Hub without hf_elmo installed (`trust_remote_code=True`).
+
+Kept apart from `modeling_elmo.py`, which holds only the model:
+
+- `ElmoHubMixin.save_pretrained` also writes the default `ElmoTokenizer` into a folder that has no tokenizer, so that
+  `AutoTokenizer.from_pretrained(folder, trust_remote_code=True)` works for any saved model (a Trainer checkpoint, a
+  model saved alone);
+- `add_custom_pipelines(config)` points `config.custom_pipelines` at `pipeline_elmo.py`'s token-classification
+  pipeline, which reads per-word char ids (the stock one cannot).
+
+Transformers copies the files reached by relative imports from `modeling_elmo.py` (recursively) into every saved
+folder, and loads them from there with `trust_remote_code=True`: this file, `tokenization_elmo.py` (imported in
+`save_pretrained`) and `pipeline_elmo.py` (named under `TYPE_CHECKING`, never imported at run time) travel with it.
+"""
+
+import os
+from typing import TYPE_CHECKING
+
+
+if TYPE_CHECKING:
+    from .pipeline_elmo import ElmoTokenClassificationPipeline  # noqa: F401
+
+ELMO_CUSTOM_PIPELINES = {
+    "token-classification": {
+        "impl": "pipeline_elmo.ElmoTokenClassificationPipeline",
+        "pt": ["AutoModelForTokenClassification"],
+        "tf": [],
+        "type": "text",
+    }
+}
+
+
+def add_custom_pipelines(config) -> None:
+    """Make `pipeline(..., trust_remote_code=True)` on a saved folder of this config use ELMo's own pipelines."""
+    config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), **ELMO_CUSTOM_PIPELINES}
+
+
+class ElmoHubMixin:
+    """Mixed into `ElmoPreTrainedModel` (before `PreTrainedModel`): every saved ELMo folder has a tokenizer."""
+
+    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
+        """
+        `PreTrainedModel.save_pretrained`, plus the default `ElmoTokenizer` of this model when the folder has no
+        tokenizer yet. ELMo's tokenizer needs nothing but the config, so this makes every saved ELMo folder (a
+        Trainer checkpoint, a model saved alone) load with `AutoTokenizer.from_pretrained(folder,
+        trust_remote_code=True)`. A tokenizer saved into the folder, before or after, takes precedence.
+        """
+        folder = os.fspath(save_directory)
+        if is_main_process and not os.path.isfile(folder) and not os.path.isfile(
+            os.path.join(folder, "tokenizer_config.json")
+        ):
+            # Written first so that save_pretrained(push_to_hub=True) uploads it too. This relative import also
+            # makes Transformers copy tokenization_elmo.py with the model (saving and trust_remote_code loading).
+            from .tokenization_elmo import ElmoTokenizer
+
+            os.makedirs(folder, exist_ok=True)
+            # Without hf_elmo (remote code), the class is only registered if AutoTokenizer loaded it.
+            ElmoTokenizer.register_for_auto_class("AutoTokenizer")
+            ElmoTokenizer(max_characters_per_token=self.config.max_characters_per_token).save_pretrained(folder)
+        return super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
