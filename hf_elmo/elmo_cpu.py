@@ -398,7 +398,7 @@ class PackedClippedLstmRecurrence(torch.autograd.Function):
         # The gradients of each row's state after the last step computed so far (going back): a row not read at
         # a step passes its gradient on unchanged.
         grad_cell, grad_hidden = grad_final_cell.float().clone(), grad_final_hidden.float().clone()
-        grad_input_gates = grad_outputs.new_zeros(*grad_outputs.shape[:3], gates[0].shape[-1], dtype=torch.float32)
+        grad_input_gates = grad_outputs.new_zeros(*grad_outputs.shape[:3], recurrent.shape[-1], dtype=torch.float32)
         grad_gates, grad_projected = [None] * ctx.steps, [None] * ctx.steps
         for t in reversed(range(ctx.steps)):
             rows = ctx.rows_at[t]
@@ -414,9 +414,12 @@ class PackedClippedLstmRecurrence(torch.autograd.Function):
             grad_hidden[:, :rows] = torch.bmm(step_gates, recurrent.transpose(1, 2))
             grad_gates[t], grad_projected[t] = step_gates, grad_step
         # Weight gradients: one matmul over every step's rows, per direction.
-        packed = lambda values: torch.cat(values, dim=1)  # (directions, sum of rows, n)
-        grad_recurrent = torch.bmm(packed(hiddens).transpose(1, 2), packed(grad_gates))
-        grad_projection = torch.bmm(packed(projection_inputs).transpose(1, 2), packed(grad_projected))
+        if ctx.steps:
+            packed = lambda values: torch.cat(values, dim=1)  # (directions, sum of rows, n)
+            grad_recurrent = torch.bmm(packed(hiddens).transpose(1, 2), packed(grad_gates))
+            grad_projection = torch.bmm(packed(projection_inputs).transpose(1, 2), packed(grad_projected))
+        else:  # no row read any step
+            grad_recurrent, grad_projection = torch.zeros_like(recurrent), torch.zeros_like(projection)
         return (grad_input_gates.to(ctx.input_dtype), grad_cell, grad_hidden, grad_recurrent, grad_projection,
                 None, None, None)
 

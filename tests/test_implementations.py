@@ -576,3 +576,36 @@ def test_a_training_step_compiles_into_one_graph():
     for (name, parameter), compiled_grad in zip(model.named_parameters(), compiled_grads):
         scale = max(1.0, float(parameter.grad.abs().max()))
         assert float((compiled_grad - parameter.grad).abs().max()) <= 1e-5 * scale, name
+
+
+def test_packed_recurrence_equals_the_static_one_with_a_row_that_reads_nothing():
+    # Rows sorted longest first, the last one empty: its final state is its initial one, its gradient passes through.
+    from hf_elmo.elmo_cpu import PackedClippedLstmRecurrence
+    from hf_elmo.elmo_cuda import ClippedLstmRecurrence
+
+    generator = torch.Generator().manual_seed(7)
+    lengths, steps, lstm_dim, projection_dim = [5, 3, 0], 5, 8, 4
+    leaves = [torch.randn(*shape, generator=generator) for shape in (
+        (steps, 2, 3, 4 * lstm_dim), (2, 3, lstm_dim), (2, 3, projection_dim), (2, projection_dim, 4 * lstm_dim),
+        (2, lstm_dim, projection_dim))]
+    active = (torch.arange(steps)[:, None] < torch.tensor(lengths))[:, None, :, None]
+    upstream = [torch.randn(steps, 2, 3, projection_dim, generator=generator) * active,
+                torch.randn(2, 3, lstm_dim, generator=generator), torch.randn(2, 3, projection_dim, generator=generator)]
+
+    def run_recurrence(recurrence):
+        inputs = [t.clone().requires_grad_() for t in leaves]
+        outputs = recurrence(*inputs)
+        loss = sum((o * u).sum() for o, u in zip(outputs, upstream))
+        return [o.detach() for o in outputs], torch.autograd.grad(loss, inputs)
+
+    def packed_reading(rows_at):
+        return lambda gates, *rest: PackedClippedLstmRecurrence.apply(gates, *rest, 1.0, 1.5, rows_at)
+
+    static = run_recurrence(lambda gates, *rest: ClippedLstmRecurrence.apply(gates, active, *rest, 1.0, 1.5))
+    packed = run_recurrence(packed_reading((2, 2, 2, 1, 1)))
+    for a, b in zip(static[0] + list(static[1]), packed[0] + list(packed[1])):
+        assert (a - b).abs().max() <= 1e-5 * max(1.0, a.abs().max())
+    assert torch.equal(packed[0][1][:, 2], leaves[1][:, 2]) and torch.equal(packed[1][1][:, 2], upstream[1][:, 2])
+    # No row reads any step: the state passes through, the weights get zero gradients.
+    outputs, grads = run_recurrence(packed_reading(()))
+    assert not outputs[0].any() and torch.equal(outputs[1], leaves[1]) and not grads[3].any()
