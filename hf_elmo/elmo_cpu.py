@@ -5,7 +5,8 @@ them), with fewer and better-shaped operations:
 
 - the char CNN runs once per distinct word of a call (the token layer is context-free), as im2col matmuls over
   only the window positions that can change the max, optionally memoised across calls (`ElmoTokenCache`);
-- the biLSTM packs the batch time-major, longest rows first, so each step computes only the rows still reading;
+- the biLSTM packs the batch time-major, longest rows first, so each step computes only the rows still reading
+  (or a few finished ones besides, where this machine's BLAS measures faster on that many columns);
   vectors are columns (feature-major), the matmul shape that runs fastest on few rows; each step works in
   preallocated buffers (no allocation per step, flat memory); the first layer's input gates come from a table
   of the batch's distinct words.
@@ -44,6 +45,15 @@ INPUT_GATES_TABLE_VALUES = 1 << 22
 # The recurrent matmul may be handed to BLAS as this many row blocks at most, where that measures faster (see
 # `few_column_matmul`).
 MAX_ROW_BLOCKS = 16
+# A recurrence step may compute up to this many columns of finished rows besides the rows still reading, where
+# that measures faster (see `step_columns`) ...
+MAX_EXTRA_COLUMNS = 16
+# ... by at least this factor: a small gain is not worth a choice that timing noise could flip between runs (a
+# product's rounding may differ with its column count) ...
+MIN_STEP_SPEEDUP = 1.25
+# ... and only for products that take longer than this: quicker ones are bound by dispatch, not arithmetic, and
+# their timings are too noisy to choose by.
+MIN_STEP_SECONDS = 50e-6
 
 
 def few_column_matmul(
@@ -51,14 +61,14 @@ def few_column_matmul(
 ) -> torch.Tensor:
     """
     `add + weight @ columns` for a tall `weight` and a few `columns` (one per sentence still being read), written
-    into `out` when given (without autograd) or returned as a new tensor.
+    into `out` when given (without autograd) or returned as a new tensor. `add` may be `out` itself.
 
     Some CPU BLAS builds share such a product between threads badly at some column counts; handing them row blocks
     of the weight as one batched matmul keeps every thread on whole blocks. Whether that pays depends on the
     BLAS, the processor and the thread count, so it is measured on this process's first product of each shape
-    (`_row_blocks_for`), not assumed. GPUs always get the plain product.
+    (`measured_product`), not assumed. GPUs always get the plain product.
     """
-    blocks = _row_blocks_for(weight, columns)
+    blocks = 1 if weight.device.type != "cpu" else measured_product(weight, columns.shape[1])[0]
     if blocks == 1:
         if add is None:
             return torch.mm(weight, columns, out=out)
@@ -73,33 +83,68 @@ def few_column_matmul(
     return product.view(-1, columns.shape[-1]) if out is None else out
 
 
-# (weight shape, dtype, columns, threads) -> row blocks (1: the plain product), as measured in this process.
-_ROW_BLOCKS: dict[tuple, int] = {}
+# (weight shape, dtype, columns, threads) -> (row blocks, seconds), as measured in this process.
+_PRODUCTS: dict[tuple, tuple[int, float]] = {}
 
 
-def _row_blocks_for(weight: torch.Tensor, columns: torch.Tensor) -> int:
+def measured_product(weight: torch.Tensor, columns: int) -> tuple[int, float]:
     """
-    How many row blocks `few_column_matmul` hands BLAS: 1 (plain) or `MAX_ROW_BLOCKS`-bounded blocks, whichever
-    ran faster in a short measurement on this machine (a few products of the same shapes, interleaved, best of
-    each: about ten products, once per shape and column count).
+    How `few_column_matmul` multiplies `weight` (on a CPU) by `columns` columns, and how long that takes here: the
+    row blocks it hands BLAS, 1 (plain) or `MAX_ROW_BLOCKS`-bounded blocks, whichever ran faster in a short
+    measurement (the best of three products each, interleaved), with that time. Measured once per shape, column
+    count and thread count.
     """
-    blocks = max(2, min(MAX_ROW_BLOCKS, weight.shape[0] // 256))
-    if columns.shape[1] == 1 or weight.shape[0] % blocks or weight.device.type != "cpu":
-        return 1  # a matrix-vector product is never worth blocking
-    key = (tuple(weight.shape), weight.dtype, columns.shape[1], torch.get_num_threads())
-    if key not in _ROW_BLOCKS:
+    key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
+    if key not in _PRODUCTS:
         with torch.no_grad():
-            w, x = weight, columns
-            plain = lambda: torch.mm(w, x)
-            blocked = lambda: torch.bmm(w.view(blocks, -1, w.shape[1]), x.expand(blocks, *x.shape))
-            best = {plain: float("inf"), blocked: float("inf")}
-            for _ in range(5):
-                for candidate in best:
+            w, x = weight.detach(), weight.new_ones(weight.shape[1], columns)
+            blocks = max(2, min(MAX_ROW_BLOCKS, w.shape[0] // 256))
+            candidates = {1: lambda: torch.mm(w, x)}
+            # A matrix-vector product is never worth blocking.
+            if columns > 1 and w.shape[0] % blocks == 0:
+                candidates[blocks] = lambda: torch.bmm(w.view(blocks, -1, w.shape[1]), x.expand(blocks, *x.shape))
+            best = dict.fromkeys(candidates, float("inf"))
+            for _ in range(3):
+                for choice, product in candidates.items():
                     start = time.perf_counter()
-                    candidate()
-                    best[candidate] = min(best[candidate], time.perf_counter() - start)
-        _ROW_BLOCKS[key] = blocks if best[blocked] < best[plain] else 1
-    return _ROW_BLOCKS[key]
+                    product()
+                    best[choice] = min(best[choice], time.perf_counter() - start)
+        fastest = min(best, key=best.get)
+        _PRODUCTS[key] = (fastest, best[fastest])
+    return _PRODUCTS[key]
+
+
+def step_columns(weights: list[torch.Tensor], rows: int, available: int) -> int:
+    """
+    How many state columns a recurrence step computes when its first `rows` columns are still reading and its
+    first `available` (>= rows) columns hold finite states: `rows`, or up to `MAX_EXTRA_COLUMNS` more where the
+    step's products (`few_column_matmul` with each of `weights`) measure at least `MIN_STEP_SPEEDUP` times faster
+    on more columns. Some BLAS builds take several times longer for some small column counts than for a larger
+    one (benchmarks/README.md); the extra columns are rows that have finished, whose results are never read.
+    Products quicker than `MIN_STEP_SECONDS` are never padded.
+    """
+    if weights[0].device.type != "cpu" or rows == available:
+        return rows
+    key = (*(tuple(weight.shape) for weight in weights), weights[0].dtype, rows, available, torch.get_num_threads())
+    if key not in _STEP_COLUMNS:
+        _STEP_COLUMNS[key] = _fastest_step_columns(weights, rows, available)
+    return _STEP_COLUMNS[key]
+
+
+# (weight shapes, dtype, rows, available, threads) -> columns, as chosen in this process.
+_STEP_COLUMNS: dict[tuple, int] = {}
+
+
+def _fastest_step_columns(weights: list[torch.Tensor], rows: int, available: int) -> int:
+    seconds = lambda columns: sum(measured_product(weight, columns)[1] for weight in weights)  # noqa: E731
+    own = seconds(rows)
+    if own < MIN_STEP_SECONDS:
+        return rows
+    best, best_seconds = rows, own / MIN_STEP_SPEEDUP
+    for columns in range(rows + 1, min(available, rows + MAX_EXTRA_COLUMNS) + 1):
+        if seconds(columns) < best_seconds:
+            best, best_seconds = columns, seconds(columns)
+    return best
 
 
 class ElmoTokenCache:
@@ -498,6 +543,9 @@ def _direction(
             workspace[name] = cell.new_empty(size)
         return workspace[name][:size]
 
+    if "gates" not in workspace or workspace["gates"].numel() < 4 * lstm_dim * batch_size:
+        # Zeros: a step may compute on columns it has not written yet, which must be finite.
+        workspace["gates"] = cell.new_zeros(4 * lstm_dim * batch_size)
     gates_buffer = scratch("gates", 4 * lstm_dim * batch_size)
     cell_buffers = [scratch(name, lstm_dim * batch_size) for name in ("cell_a", "cell_b")]
     # The state lives in contiguous feature-major buffers; each step's hidden state is then copied into the
@@ -516,12 +564,19 @@ def _direction(
 
     block_start = block_end = offset = 0
     input_gates = None
+    products = [layer.recurrent_proj.weight]
+    if isinstance(layer.output_proj, nn.Linear):
+        products.append(layer.output_proj.weight)
+    reading = batch_size
     for step_index, rows in enumerate(rows_at):
-        if rows < hidden.shape[1]:
+        if rows < reading:
             # Rows past their length: their state is final.
-            final_cell[:, rows : hidden.shape[1]] = cell[:, rows:]
-            final_hidden[:, rows : hidden.shape[1]] = hidden[:, rows:]
-            cell, hidden = cell[:, :rows], hidden[:, :rows]
+            final_cell[:, rows:reading] = cell[:, rows:reading]
+            final_hidden[:, rows:reading] = hidden[:, rows:reading]
+            reading = rows
+        # Columns `rows:columns` are finished rows, computed on only because that is faster here.
+        columns = step_columns(products, rows, hidden.shape[1])
+        cell, hidden = cell[:, :columns], hidden[:, :columns]
         if table is not None:
             gathered = gathered_buffer[: rows * 4 * lstm_dim].view(rows, 4 * lstm_dim)
             input_part = torch.index_select(table, 0, distinct[1][offset : offset + rows], out=gathered).t()
@@ -537,24 +592,26 @@ def _direction(
                 else:
                     input_gates = torch.addmm(bias, layer.input_proj.weight, block)
             input_part = input_gates[:, offset - block_start : offset - block_start + rows]
-        gates = gates_buffer[: 4 * lstm_dim * rows].view(4 * lstm_dim, rows)
-        new_cell = cell_buffers[step_index % 2][: lstm_dim * rows].view(lstm_dim, rows)
-        new_hidden = hidden_buffers[step_index % 2][: hidden.shape[0] * rows].view(-1, rows)
-        cell, hidden = _step(layer, input_part, cell, hidden, gates, new_cell, new_hidden)
-        packed[offset : offset + rows].copy_(hidden.t())
+        gates = gates_buffer[: 4 * lstm_dim * columns].view(4 * lstm_dim, columns)
+        gates[:, :rows] = input_part  # the finished rows' columns keep earlier (finite) values
+        new_cell = cell_buffers[step_index % 2][: lstm_dim * columns].view(lstm_dim, columns)
+        new_hidden = hidden_buffers[step_index % 2][: hidden.shape[0] * columns].view(-1, columns)
+        cell, hidden = _step(layer, cell, hidden, gates, new_cell, new_hidden)
+        packed[offset : offset + rows].copy_(hidden[:, :rows].t())
         offset += rows
-    final_cell[:, : cell.shape[1]] = cell
-    final_hidden[:, : hidden.shape[1]] = hidden
+    final_cell[:, :reading] = cell[:, :reading]
+    final_hidden[:, :reading] = hidden[:, :reading]
     return final_cell.t(), final_hidden.t()
 
 
-def _step(layer, input_part, cell, hidden, gates, new_cell, new_hidden):
+def _step(layer, cell, hidden, gates, new_cell, new_hidden):
     """
-    `ElmoLstmLayer.forward`'s step, feature-major, into the buffers `gates` `(4 * lstm_dim, rows)`, `new_cell` and
-    `new_hidden` (it reads `cell` and `hidden`). Contiguous gates make the element-wise work several times faster
-    than working in place on a column slice of the input gates.
+    `ElmoLstmLayer.forward`'s step, feature-major: `gates` `(4 * lstm_dim, columns)` holds the input part of the
+    gates and receives the rest; the new state goes into the buffers `new_cell` and `new_hidden` (it reads `cell`
+    and `hidden`). Contiguous gates make the element-wise work several times faster than working in place on a
+    column slice of the input gates.
     """
-    few_column_matmul(layer.recurrent_proj.weight, hidden, gates, add=input_part)
+    few_column_matmul(layer.recurrent_proj.weight, hidden, gates, add=gates)
     in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=0)
     in_gate.sigmoid_()
     gates[2 * cell.shape[0] :].sigmoid_()  # forget and output gates

@@ -22,8 +22,9 @@ Rules:
 - The model is stateless: a line's vectors depend on that line only, not on its neighbours or position. Lines are
   sorted by length within a window of `window` lines to batch similar lengths together; this changes which lines
   share a batch, which can move float32 results by rounding (around 1e-6), never more. A run is repeatable: on
-  the same machine, the same input and options give bit-identical vectors. `batch_size=1` makes every line's
-  vectors bit-identical wherever it appears.
+  the same machine, the same input and options give bit-identical vectors (on a CPU, a few matmul shapes are
+  picked by a short timing in each run, only where one is clearly faster, so runs pick alike; were they to
+  differ, by rounding only). `batch_size=1` makes every line's vectors bit-identical wherever it appears.
 - The output is written to a hidden temporary file beside `output_path` and renamed into place only when complete:
   an interrupted run leaves no output file (a killed one may leave its `.NAME.<pid>.partial`, which the next run
   to the same output removes).

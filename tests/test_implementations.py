@@ -200,6 +200,59 @@ def test_small_work_blocks_give_the_same_result(table_values):
     assert max_diff(blocked.lstm_state, reference.lstm_state) <= 1e-5
 
 
+@pytest.mark.parametrize("extra", ["all", 1])
+def test_steps_that_compute_finished_rows_too_give_the_same_result(model, extra, monkeypatch):
+    # Where a BLAS is faster on more columns, a step also computes rows that have finished (`step_columns`): force
+    # that on every step (all columns that hold a state, or one more than the rows reading), with clipping active
+    # and a carried state.
+    ids = make_batch([7, 1, 12, 4, 12, 2, 9], seed=31)
+    state = tuple(torch.randn(2, 2, 7, size) for size in (24, 8))
+    with torch.no_grad():
+        reference = run(model, ids, "reference", lstm_state=state)
+        chosen = []
+
+        def padded(weights, rows, available):
+            chosen.append((rows, available if extra == "all" else min(available, rows + 1)))
+            return chosen[-1][1]
+
+        monkeypatch.setattr(elmo_cpu, "step_columns", padded)
+        fast = run(model, ids, "cpu", lstm_state=state)
+    assert any(columns > rows for rows, columns in chosen)
+    assert max_diff(fast.hidden_states, reference.hidden_states) <= 1e-5
+    assert max_diff(fast.lstm_state, reference.lstm_state) <= 1e-5
+    assert fast.last_hidden_state[1, 1:].abs().max() == 0
+
+
+def test_step_columns_pads_only_for_a_clear_gain_on_products_worth_timing(monkeypatch):
+    weights = [torch.empty(4096, 128), torch.empty(128, 1024)]
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(elmo_cpu, "_STEP_COLUMNS", {})
+
+    def products(milliseconds):
+        # Made-up timings (ms per column count, the two products together), as if measured on some machine.
+        times = {}
+        for columns, total in milliseconds.items():
+            for weight in weights:
+                times[(tuple(weight.shape), weight.dtype, columns, threads)] = (1, total / 2e3)
+        monkeypatch.setattr(elmo_cpu, "_PRODUCTS", times)
+        elmo_cpu._STEP_COLUMNS.clear()
+
+    products({3: 1.0, 4: 0.9, 5: 0.5, 6: 0.45, 7: 1.0, 8: 0.3})
+    assert elmo_cpu.step_columns(weights, 3, 8) == 8  # the fastest within reach
+    assert elmo_cpu.step_columns(weights, 3, 6) == 6  # never past the columns that hold a state
+    assert elmo_cpu.step_columns(weights, 8, 8) == 8
+    assert elmo_cpu.step_columns(weights, 6, 8) == 8
+    products({3: 1.0, 4: 0.85, 5: 0.9, 6: 1.2})
+    assert elmo_cpu.step_columns(weights, 3, 6) == 3  # 1.18x is within timing noise
+    products({3: 0.04, 4: 0.01})
+    assert elmo_cpu.step_columns(weights, 3, 4) == 3  # 40 us: dispatch-bound, never padded
+    products({1: 1.0, **{columns: 0.1 for columns in range(2, 40)}})
+    assert elmo_cpu.step_columns(weights, 1, 39) == 2  # the smallest of equals
+    products({1: 1.0, **{columns: 1.0 for columns in range(2, 17)}, 17: 0.1, 18: 0.01})
+    assert elmo_cpu.step_columns(weights, 1, 18) == 17  # at most MAX_EXTRA_COLUMNS more
+    assert elmo_cpu.step_columns([w.to("meta") for w in weights], 1, 18) == 1  # GPUs: never
+
+
 @pytest.mark.parametrize(
     "shape",
     [
@@ -517,11 +570,12 @@ def test_few_column_matmul_equals_addmm(rows, columns, blocked, monkeypatch):
     generator = torch.Generator().manual_seed(rows + columns)
     weight, states = torch.randn(rows, 64, generator=generator), torch.randn(64, columns, generator=generator)
     # Both ways of computing it, whichever this machine measures faster.
-    chosen = elmo_cpu._row_blocks_for(weight, states)
+    chosen, seconds = elmo_cpu.measured_product(weight, columns)
+    assert seconds > 0
     assert chosen == 1 if columns == 1 or rows % 2 else chosen in (1, max(2, min(16, rows // 256)))
-    key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
-    if key in elmo_cpu._ROW_BLOCKS:
-        monkeypatch.setitem(elmo_cpu._ROW_BLOCKS, key, max(2, min(16, rows // 256)) if blocked else 1)
+    if columns > 1 and rows % 2 == 0:
+        key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
+        monkeypatch.setitem(elmo_cpu._PRODUCTS, key, (max(2, min(16, rows // 256)) if blocked else 1, seconds))
     add = torch.randn(columns, rows, generator=generator).t()  # a transposed view, as the steps pass it
     out = torch.full((rows, columns), float("nan"))
     assert few_column_matmul(weight, states, out, add=add) is out
