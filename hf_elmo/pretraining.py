@@ -33,13 +33,12 @@ import random
 import re
 import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
 import torch
 
-from .safe_output import write_json_atomic
+from .safe_output import atomic_files_into, remove_stale_file_staging, write_json_atomic
 
 
 # Named explicitly: under `python -m hf_elmo.pretraining` __name__ is "__main__".
@@ -365,9 +364,7 @@ def prepare_output_dir(args, accelerator) -> str | None:
         logger.warning("--resume: no checkpoint in %s yet, starting from step 0", args.output_dir)
     if accelerator.is_main_process:
         os.makedirs(args.output_dir, exist_ok=True)
-        for name in os.listdir(args.output_dir):  # left by a run killed while saving its final model
-            if name.startswith(FINAL_STAGING_PREFIX) and name.endswith(".partial"):
-                shutil.rmtree(os.path.join(args.output_dir, name), ignore_errors=True)
+        remove_stale_file_staging(args.output_dir)  # left by a run killed while saving its final model
     accelerator.wait_for_everyone()
     return checkpoint
 
@@ -827,24 +824,16 @@ def _save_checkpoint(accelerator, model, optimizer, output_dir: str, step: int, 
     return final
 
 
-FINAL_STAGING_PREFIX = ".final-"
-
-
 def _save_final(output_dir: str, model, state_dict: dict, tokenizer, results: dict) -> None:
     """
-    The final model, tokenizer and eval_results.json, written in a hidden staging folder and moved in file by file
-    (each move atomic): a run killed while saving leaves no partial file in OUTPUT_DIR, only the staging folder,
-    which the next run removes. The weights move after the config and before eval_results.json.
+    The final model, tokenizer and eval_results.json, each file moved into OUTPUT_DIR whole (`atomic_files_into`):
+    a run killed while saving leaves no partial file there. The weights move after the config and before
+    eval_results.json, so a folder with eval_results.json holds the whole model.
     """
-    staging = tempfile.mkdtemp(dir=output_dir, prefix=FINAL_STAGING_PREFIX, suffix=".partial")
-    model.save_pretrained(staging, state_dict=state_dict)
-    tokenizer.save_pretrained(staging)
-    write_json_atomic(os.path.join(staging, "eval_results.json"), results, indent=1)
-    weights = sorted(name for name in os.listdir(staging) if name.endswith((".safetensors", ".safetensors.index.json")))
-    rest = sorted(name for name in os.listdir(staging) if name not in weights and name != "eval_results.json")
-    for name in [*rest, *weights, "eval_results.json"]:
-        os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
-    os.rmdir(staging)
+    with atomic_files_into(output_dir, last=(".safetensors", ".safetensors.index.json", "eval_results.json")) as staging:
+        model.save_pretrained(staging, state_dict=state_dict)
+        tokenizer.save_pretrained(staging)
+        write_json_atomic(os.path.join(staging, "eval_results.json"), results, indent=1)
 
 
 def _check_replicas_agree(accelerator, model, gather_object) -> None:

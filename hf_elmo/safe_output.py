@@ -9,6 +9,11 @@
   puts the previous folder back. Leftovers of killed runs (their process is gone) are removed by later runs.
 - A single file is written as a hidden `.NAME.<pid>.partial` beside it (`atomic_output_file`), flushed to disk and
   renamed into place when complete; on failure it is removed, and one left by a killed run is removed by the next.
+- Several files added to a folder that holds other things (pretraining's final model beside its checkpoints) are
+  written into a hidden `.files-PID-*` folder inside it and moved in one rename each (`atomic_files_into`).
+- The one exception: a pretraining checkpoint folder is written by every process of the run (each its own random
+  state), so its staging folder has a fixed name all processes know, `checkpoint-STEP.partial`, renamed into place
+  by the main process once all have written (`hf_elmo.pretraining`).
 """
 
 import contextlib
@@ -277,3 +282,42 @@ def write_text_atomic(output_path, text: str) -> None:
 def write_json_atomic(output_path, data, indent: int = 2, ensure_ascii: bool = True, newline: bool = False) -> None:
     """Write `data` as JSON to `output_path` through `atomic_output_file`."""
     write_text_atomic(output_path, json.dumps(data, indent=indent, ensure_ascii=ensure_ascii) + ("\n" if newline else ""))
+
+
+FILE_STAGING_PREFIX = ".files-"
+
+
+@contextlib.contextmanager
+def atomic_files_into(output_dir, last=()):
+    """
+    Yields a hidden `.files-PID-*` folder inside `output_dir` to write files into. When the block succeeds, each file
+    is moved into `output_dir` by one rename (a reader never sees half a file), those whose names end with an entry
+    of `last` at the end, in that order (e.g. the weights after the config, a results file after the weights);
+    otherwise the folder is removed. One left by a killed run is removed by `remove_stale_file_staging`.
+    """
+    output_dir = os.path.abspath(os.fspath(output_dir))
+    remove_stale_file_staging(output_dir)
+    try:
+        staging = tempfile.mkdtemp(dir=output_dir, prefix=f"{FILE_STAGING_PREFIX}{os.getpid()}-")
+    except OSError as error:
+        raise OutputError(f"cannot write {output_dir}: {error.strerror or error}.") from None
+    try:
+        yield staging
+        _normal_permissions(staging)
+        rank = lambda name: next((i + 1 for i, end in enumerate(last) if name.endswith(end)), 0)  # noqa: E731
+        for name in sorted(os.listdir(staging), key=lambda name: (rank(name), name)):
+            os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+        os.rmdir(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def remove_stale_file_staging(output_dir) -> None:
+    """The `atomic_files_into` folders in `output_dir` of runs whose process is gone (killed while writing)."""
+    pattern = re.compile(rf"^{re.escape(FILE_STAGING_PREFIX)}(\d+)-")
+    for path in glob.glob(os.path.join(glob.escape(os.fspath(output_dir)), f"{FILE_STAGING_PREFIX}*")):
+        match = pattern.match(os.path.basename(path))
+        if match and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
+            logger.info("Removing %s, left by an interrupted run", path)
+            shutil.rmtree(path, ignore_errors=True)

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import pathlib
 import resource
 import shutil
 import signal
@@ -512,3 +513,29 @@ def test_atomic_output_file_publishes_whole_files_or_nothing(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # what a plain open() gives, not mkstemp's 0600
+
+
+def test_atomic_files_into_moves_whole_files_in_order_or_nothing(tmp_path, monkeypatch):
+    from hf_elmo import safe_output
+    from hf_elmo.safe_output import atomic_files_into
+
+    folder = tmp_path / "run"
+    (folder / "checkpoint-5").mkdir(parents=True)  # what the folder already holds stays
+    with pytest.raises(RuntimeError, match="boom"):
+        with atomic_files_into(folder) as staging:
+            (pathlib.Path(staging) / "config.json").write_text("{}")
+            raise RuntimeError("boom")
+    assert os.listdir(folder) == ["checkpoint-5"]
+    # Files move one by one, those named in `last` at the end in that order.
+    moved = []
+    real_replace = os.replace
+    monkeypatch.setattr(safe_output.os, "replace", lambda a, b: (moved.append(os.path.basename(b)), real_replace(a, b)))
+    (folder / f"{safe_output.FILE_STAGING_PREFIX}999999999-x").mkdir()  # left by a killed run: removed
+    with atomic_files_into(folder, last=(".safetensors", "eval_results.json")) as staging:
+        for name in ("eval_results.json", "model.safetensors", "config.json", "vocab.txt"):
+            (pathlib.Path(staging) / name).write_text(name)
+        assert os.path.basename(staging).startswith(f"{safe_output.FILE_STAGING_PREFIX}{os.getpid()}-")
+    assert moved == ["config.json", "vocab.txt", "model.safetensors", "eval_results.json"]
+    assert sorted(os.listdir(folder)) == ["checkpoint-5", "config.json", "eval_results.json", "model.safetensors",
+                                          "vocab.txt"]
+    assert (folder / "model.safetensors").read_text() == "model.safetensors"
