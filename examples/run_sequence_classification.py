@@ -35,15 +35,17 @@ import hf_elmo  # noqa: F401  (registers the ELMo Auto classes)
 from hf_elmo.finetuning import (
     DataFileError,
     LabelledText,
-    add_finetuning_arguments,
     build_label_map,
-    check_finetuning_arguments,
     classification_scores,
+    label_ids,
+    read_text_classification_file,
+)
+from finetuning_cli import (  # beside this script
+    add_finetuning_arguments,
+    check_finetuning_arguments,
     dataset_splits,
     existing_label_map,
     head_options,
-    label_ids,
-    read_text_classification_file,
     train_and_report,
 )
 

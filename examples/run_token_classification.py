@@ -38,16 +38,18 @@ import hf_elmo  # noqa: F401  (registers the ELMo Auto classes)
 from hf_elmo.finetuning import (
     DataFileError,
     TaggedSentence,
-    add_finetuning_arguments,
     build_label_map,
-    check_finetuning_arguments,
-    dataset_splits,
     entity_scores,
-    existing_label_map,
     has_chunk_tags,
-    head_options,
     label_ids,
     read_conll,
+)
+from finetuning_cli import (  # beside this script
+    add_finetuning_arguments,
+    check_finetuning_arguments,
+    dataset_splits,
+    existing_label_map,
+    head_options,
     train_and_report,
 )
 

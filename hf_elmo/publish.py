@@ -35,7 +35,7 @@ from .weight_checks import WeightCheckError
 logger = logging.getLogger(__name__)
 
 SOURCE_FILE = "bilm_tf_source.json"
-# Written by the fine-tuning examples (hf_elmo.finetuning.train_and_report); the card shows them.
+# Written by the fine-tuning examples (train_and_report in examples/finetuning_cli.py); the card shows them.
 METRICS_FILE = "metrics.json"
 LAYER_WEIGHTS_PLOT = "layer_weights.png"
 # Never published: Trainer/Accelerate state and weights in formats other than the re-saved safetensors.

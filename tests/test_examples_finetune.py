@@ -1,4 +1,5 @@
-"""The fine-tuning examples end to end, and the data readers and metrics they rely on (hf_elmo/finetuning.py).
+"""The fine-tuning examples end to end (examples/finetuning_cli.py), and the data readers and metrics they rely on
+(hf_elmo/finetuning.py).
 
 The example runs are real: bilm-tf's fixture model, real CoNLL-2003-format text from allennlp's fixtures and real
 sentences from bilm-tf's `sentences.json`, a real Trainer with per-epoch checkpoints, and real PNG/JSON outputs.
@@ -22,11 +23,15 @@ from hf_elmo.finetuning import (
     has_chunk_tags,
     read_conll,
     read_text_classification_file,
-    resolve_checkpoint,
 )
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(REPO_ROOT, "examples")
+if EXAMPLES not in sys.path:
+    sys.path.insert(0, EXAMPLES)  # the example scripts import finetuning_cli from beside them
+
+from finetuning_cli import resolve_checkpoint  # noqa: E402
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

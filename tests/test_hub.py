@@ -243,6 +243,9 @@ def test_dry_run_folder_loads_without_hf_elmo(converted_dir, tmp_path):
 def load_example(name):
     import importlib.util
 
+    examples = os.path.join(REPO_ROOT, "examples")
+    if examples not in sys.path:
+        sys.path.insert(0, examples)  # the example scripts import finetuning_cli from beside them
     spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, "examples", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -343,9 +346,8 @@ def test_example_push_to_hub_pushes_the_finished_folder_with_its_card(converted_
 
 
 def test_example_hub_and_report_options(monkeypatch, tmp_path):
-    from hf_elmo.finetuning import training_arguments
-
     module = load_example("run_sequence_classification")
+    from finetuning_cli import training_arguments
     base = ["--model", "m", "--train-file", "t.tsv", "--output-dir", str(tmp_path / "out")]
     args = module.parse_args(base)
     assert args.report_to == ["none"] and training_arguments(args, evaluate=False).report_to == []
