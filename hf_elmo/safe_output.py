@@ -102,15 +102,23 @@ def check_replaceable_dir(output_dir: str, overwrite: bool, inputs=()) -> None:
         )
 
 
-def _stale(parent: str, name: str, kind: str) -> list[str]:
-    """Hidden `.NAME.KIND-PID-*` entries of runs whose process is gone."""
-    pattern = re.compile(rf"^\.{re.escape(name)}\.{kind}-(\d+)-")
+def _left_by_dead_runs(folder: str, prefix: str, tail: str = "-") -> list[str]:
+    """
+    Entries of `folder` named `PREFIX<pid>` then what the regex `tail` matches, written by other runs whose process
+    is gone (killed midway).
+    """
+    pattern = re.compile(rf"^{re.escape(prefix)}(\d+){tail}")
     found = []
-    for path in glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(name)}.{kind}-*")):
+    for path in glob.glob(os.path.join(glob.escape(folder), f"{glob.escape(prefix)}*")):
         match = pattern.match(os.path.basename(path))
         if match and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
             found.append(path)
     return sorted(found)
+
+
+def _stale(parent: str, name: str, kind: str) -> list[str]:
+    """Hidden `.NAME.KIND-PID-*` entries of runs whose process is gone."""
+    return _left_by_dead_runs(parent, f".{name}.{kind}-")
 
 
 def recover_interrupted(output_dir: str) -> None:
@@ -234,13 +242,10 @@ def partial_path(output_path: str) -> str:
 def remove_stale_partials(output_path: str) -> None:
     """Partial files of earlier runs to the same output whose process is gone (killed before it could clean up)."""
     folder, name = os.path.split(output_path)
-    pattern = re.compile(rf"^\.{re.escape(name)}\.(\d+)\.partial$")
-    for path in glob.glob(os.path.join(glob.escape(folder), f".{glob.escape(name)}.*.partial")):
-        match = pattern.match(os.path.basename(path))
-        if match and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
-            logger.info("Removing %s, left by an interrupted run", path)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
+    for path in _left_by_dead_runs(folder, f".{name}.", r"\.partial$"):
+        logger.info("Removing %s, left by an interrupted run", path)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
 
 @contextlib.contextmanager
@@ -315,9 +320,6 @@ def atomic_files_into(output_dir, last=()):
 
 def remove_stale_file_staging(output_dir) -> None:
     """The `atomic_files_into` folders in `output_dir` of runs whose process is gone (killed while writing)."""
-    pattern = re.compile(rf"^{re.escape(FILE_STAGING_PREFIX)}(\d+)-")
-    for path in glob.glob(os.path.join(glob.escape(os.fspath(output_dir)), f"{FILE_STAGING_PREFIX}*")):
-        match = pattern.match(os.path.basename(path))
-        if match and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1))):
-            logger.info("Removing %s, left by an interrupted run", path)
-            shutil.rmtree(path, ignore_errors=True)
+    for path in _left_by_dead_runs(os.fspath(output_dir), FILE_STAGING_PREFIX):
+        logger.info("Removing %s, left by an interrupted run", path)
+        shutil.rmtree(path, ignore_errors=True)
