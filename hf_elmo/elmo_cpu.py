@@ -114,6 +114,10 @@ def measured_product(weight: torch.Tensor, columns: int) -> tuple[int, float]:
     return _PRODUCTS[key]
 
 
+# (weight shapes, dtype, rows, available, threads) -> columns, as chosen in this process.
+_STEP_COLUMNS: dict[tuple, int] = {}
+
+
 def step_columns(weights: list[torch.Tensor], rows: int, available: int) -> int:
     """
     How many state columns a recurrence step computes when its first `rows` columns are still reading and its
@@ -129,10 +133,6 @@ def step_columns(weights: list[torch.Tensor], rows: int, available: int) -> int:
     if key not in _STEP_COLUMNS:
         _STEP_COLUMNS[key] = _fastest_step_columns(weights, rows, available)
     return _STEP_COLUMNS[key]
-
-
-# (weight shapes, dtype, rows, available, threads) -> columns, as chosen in this process.
-_STEP_COLUMNS: dict[tuple, int] = {}
 
 
 def _fastest_step_columns(weights: list[torch.Tensor], rows: int, available: int) -> int:
@@ -538,15 +538,13 @@ def _direction(
     block_positions = max(1, INPUT_GATES_BLOCK_VALUES // (4 * lstm_dim))
 
     # Scratch buffers, shared by every layer and direction of this forward (fewer large allocations).
-    def scratch(name: str, size: int) -> torch.Tensor:
+    def scratch(name: str, size: int, zeroed: bool = False) -> torch.Tensor:
         if name not in workspace or workspace[name].numel() < size:
-            workspace[name] = cell.new_empty(size)
+            workspace[name] = cell.new_zeros(size) if zeroed else cell.new_empty(size)
         return workspace[name][:size]
 
-    if "gates" not in workspace or workspace["gates"].numel() < 4 * lstm_dim * batch_size:
-        # Zeros: a step may compute on columns it has not written yet, which must be finite.
-        workspace["gates"] = cell.new_zeros(4 * lstm_dim * batch_size)
-    gates_buffer = scratch("gates", 4 * lstm_dim * batch_size)
+    # Zeroed: a step may compute on columns it has not written yet, which must be finite.
+    gates_buffer = scratch("gates", 4 * lstm_dim * batch_size, zeroed=True)
     cell_buffers = [scratch(name, lstm_dim * batch_size) for name in ("cell_a", "cell_b")]
     # The state lives in contiguous feature-major buffers; each step's hidden state is then copied into the
     # (position-major) result: the projection writing straight into it would write with a stride.
