@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 # Window positions per char-convolution matmul: bounds the (positions, n_filters) activation (2 MB in fp32 for
 # 2048 filters) while keeping each matmul large; small temporaries also keep glibc's heap from growing.
 CONV_CHUNK_POSITIONS = 256
+# Words per highway/projection matmul without autograd: bounds their (words, n_filters) temporaries (2 MB each for
+# 2048 filters) however many distinct words a batch has.
+HIGHWAY_CHUNK_WORDS = 256
 # Values of input gates computed by one matmul: larger blocks reuse each read of the input weights for more
 # positions, smaller ones bound the memory. 2M values (8 MB in fp32) is 128 positions of "original".
 INPUT_GATES_BLOCK_VALUES = 1 << 21
@@ -230,9 +233,22 @@ def token_vectors(encoder, char_ids: torch.Tensor) -> torch.Tensor:
 
 def _distinct_token_vectors(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     pooled = _pooled_convolutions(encoder, char_ids)
-    hidden = encoder.activation(pooled.add_(torch.cat([conv.bias for conv in encoder.convolutions])))
+    pooled.add_(torch.cat([conv.bias for conv in encoder.convolutions]))
+    if torch.is_grad_enabled():
+        hidden = encoder.activation(pooled)
+        for highway in encoder.highways:
+            hidden = highway(hidden)
+        return encoder.projection(hidden)
+    return torch.cat([_highways_in_place(encoder, part) for part in pooled.split(HIGHWAY_CHUNK_WORDS)])
+
+
+def _highways_in_place(encoder, pooled: torch.Tensor) -> torch.Tensor:
+    """The token layer after the convolutions, without autograd: two temporaries per highway instead of six."""
+    hidden = encoder.activation(pooled)
     for highway in encoder.highways:
-        hidden = highway(hidden)
+        gate = torch.sigmoid_(highway.carry(hidden))
+        # gate * relu(transform) + (1 - gate) * hidden, as hidden + gate * (relu(transform) - hidden).
+        hidden = torch.relu_(highway.transform(hidden)).sub_(hidden).mul_(gate).add_(hidden)
     return encoder.projection(hidden)
 
 
@@ -266,7 +282,7 @@ def _pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     run_start = ((char_ids != char_ids[:, -1:]) * position).amax(dim=1)
     needed, order = torch.sort((run_start + 1).clamp(max=num_chars))
     needed = needed.tolist()
-    pooled, start = [], 0
+    pooled, start = kernel.new_empty(num_words, kernel.shape[1]), 0
     while start < num_words:
         # The chunk's positions are those of its longest (last) word.
         end = start + 1
@@ -278,17 +294,16 @@ def _pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
         chars = nn.functional.pad(chars, (0, 0, 0, positions + widest - 1 - chars.shape[1]))
         windows = chars.unfold(1, widest, 1).transpose(2, 3).flatten(2)  # (words, positions, widest*char_dim)
         features = (windows.flatten(0, 1) @ kernel).view(end - start, positions, -1)
-        chunk, column = [], 0
+        chunk, column = features.new_empty(end - start, features.shape[-1]), 0
         for conv, width in zip(encoder.convolutions, widths):
             # Only positions where the filter lies inside the row are valid (a "valid" convolution).
             valid = min(positions, num_chars - width + 1)
-            chunk.append(features[:, :valid, column : column + conv.out_channels].amax(dim=1))
+            filters = slice(column, column + conv.out_channels)
+            chunk[:, filters] = features[:, :valid, filters].amax(dim=1)
             column += conv.out_channels
-        pooled.append(torch.cat(chunk, dim=-1))
+        pooled.index_copy_(0, order[start:end], chunk)
         start = end
-    if not pooled:
-        return kernel.new_zeros(0, kernel.shape[1])
-    return torch.cat(pooled)[torch.argsort(order)]
+    return pooled
 
 
 def bilstm(

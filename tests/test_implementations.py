@@ -186,8 +186,8 @@ def test_bilstm_lays_out_only_the_layers_asked_for(model):
 
 @pytest.mark.parametrize("table_values", [1 << 22, 0])
 def test_small_work_blocks_give_the_same_result(table_values):
-    # Force many input-gate blocks in the LSTM and many convolution chunks in the char encoder; with and without
-    # the first layer's table of distinct words.
+    # Force many input-gate blocks in the LSTM, many convolution chunks and highway chunks (one short) in the char
+    # encoder; with and without the first layer's table of distinct words.
     model = make_model(seed=17)
     ids = make_batch([13, 5, 9, 1], seed=18)
     with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
@@ -195,6 +195,7 @@ def test_small_work_blocks_give_the_same_result(table_values):
         patch.setattr(elmo_cpu, "INPUT_GATES_BLOCK_VALUES", 4 * 24 * 5)  # 5 positions per block
         patch.setattr(elmo_cpu, "INPUT_GATES_TABLE_VALUES", table_values)
         patch.setattr(elmo_cpu, "CONV_CHUNK_POSITIONS", 16)
+        patch.setattr(elmo_cpu, "HIGHWAY_CHUNK_WORDS", 4)
         blocked = run(model, ids, "cpu")
     assert max_diff(blocked.hidden_states, reference.hidden_states) <= 1e-5
     assert max_diff(blocked.lstm_state, reference.lstm_state) <= 1e-5
