@@ -93,3 +93,24 @@ def test_workload_helpers(tmp_path):
     assert workload.spread([str(i) for i in range(10)], 3) == ["0", "3", "6"]
     with pytest.raises(ValueError):
         workload.write_words([["two words"]], str(path))
+
+
+def test_bench_products_times_every_way_and_checks_it_against_mm(capsys):
+    import bench_products
+
+    bench_products.main(["--config", "tiny", "--columns", "1", "3", "--repeats", "2", "--threads", "1"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    assert result["config"] == "2x32_16_32cnn_1xhighway" and result["columns"] == [1, 3]
+    recurrent, projection = result["products"]["recurrent"], result["products"]["projection"]
+    assert recurrent["shape"] == [128, 16] and projection["shape"] == [16, 32]
+    ways = ["mm", "blocked"] + (["onednn", "onednn_prepacked"] if result["prepacked_extra_mib"] is not None else [])
+    for product in (recurrent, projection):
+        for way in ways:
+            assert set(product["us"][way]) == {"1", "3"} and min(product["us"][way].values()) > 0
+            assert product["max_abs_diff_vs_mm"][way] < 1e-5
+            assert product["peak_growth_mib"][way] is None or 0 <= product["peak_growth_mib"][way] < 64
+    if result["prepacked_extra_mib"] is not None:
+        # Both directions of both layers: 4 * (128 * 16 + 16 * 32) floats.
+        assert result["prepacked_extra_mib"] == round(4 * (128 * 16 + 16 * 32) * 4 / 2**20, 1)
