@@ -282,7 +282,8 @@ def _pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     run_start = ((char_ids != char_ids[:, -1:]) * position).amax(dim=1)
     needed, order = torch.sort((run_start + 1).clamp(max=num_chars))
     needed = needed.tolist()
-    pooled, start = kernel.new_empty(num_words, kernel.shape[1]), 0
+    # Allocated at the first chunk, in its dtype (under autocast the matmul's, not the kernel's).
+    pooled, start = None, 0
     while start < num_words:
         # The chunk's positions are those of its longest (last) word.
         end = start + 1
@@ -301,9 +302,11 @@ def _pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
             filters = slice(column, column + conv.out_channels)
             chunk[:, filters] = features[:, :valid, filters].amax(dim=1)
             column += conv.out_channels
+        if pooled is None:
+            pooled = chunk.new_empty(num_words, chunk.shape[-1])
         pooled.index_copy_(0, order[start:end], chunk)
         start = end
-    return pooled
+    return kernel.new_zeros(0, kernel.shape[1]) if pooled is None else pooled
 
 
 def bilstm(

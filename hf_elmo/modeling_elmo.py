@@ -449,8 +449,10 @@ class ElmoModel(ElmoPreTrainedModel):
         padding = input_ids.new_zeros(batch_size, 1, input_ids.shape[-1])
         char_ids = torch.cat([boundaries[0].expand(batch_size, 1, -1), input_ids, padding], dim=1)
         char_ids = torch.where((positions == lengths[:, None] + 1)[..., None], boundaries[1], char_ids)
-        vectors = implementation.token_vectors(self.char_encoder, char_ids.flatten(0, 1))
-        tokens = vectors.view(batch_size, num_words + 2, -1) * sequence_mask[..., None]
+        # One expression, so that the unmasked vectors are freed before the biLSTM runs.
+        tokens = implementation.token_vectors(self.char_encoder, char_ids.flatten(0, 1)).view(
+            batch_size, num_words + 2, -1
+        ) * sequence_mask[..., None]
 
         state = lstm_state
         if state is None:
