@@ -6,7 +6,6 @@ sentences from bilm-tf's `sentences.json`, a real Trainer with per-epoch checkpo
 """
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -25,21 +24,12 @@ from hf_elmo.finetuning import (
     read_text_classification_file,
 )
 
+from example_scripts import load_example
+from finetuning_cli import resolve_checkpoint  # examples/finetuning_cli.py, on sys.path through example_scripts
+
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = os.path.join(REPO_ROOT, "examples")
-if EXAMPLES not in sys.path:
-    sys.path.insert(0, EXAMPLES)  # the example scripts import finetuning_cli from beside them
-
-from finetuning_cli import resolve_checkpoint  # noqa: E402
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def load_example(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, "examples", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

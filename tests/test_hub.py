@@ -17,6 +17,7 @@ from hf_elmo.cli import main
 from hf_elmo.model_card import BILM_TF_FIXTURE_WEIGHTS_SHA256, converted_model_card, elmo_model_card
 from hf_elmo.publish import PublishError, publish
 
+from example_scripts import load_example
 from remote_code import run_without_hf_elmo
 
 
@@ -240,18 +241,6 @@ def test_dry_run_folder_loads_without_hf_elmo(converted_dir, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- fine-tuned heads
-def load_example(name):
-    import importlib.util
-
-    examples = os.path.join(REPO_ROOT, "examples")
-    if examples not in sys.path:
-        sys.path.insert(0, examples)  # the example scripts import finetuning_cli from beside them
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, "examples", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def run_ner_example(converted_dir, fixtures_root, output, *options):
     conll = str(fixtures_root / "data" / "conll2003.txt")
     return load_example("run_token_classification").main([
