@@ -6,7 +6,8 @@ tail has few columns, and how fast a BLAS does those is what `few_column_matmul`
 time. This script prints the whole table for a config's shapes, on random weights:
 
 - `mm`: `torch.mm(weight, states)`, the plain product (MKL or OpenBLAS, whichever torch was built with);
-- `blocked`: the same as one batched product over row blocks of the weight (`few_column_matmul`'s other choice);
+- `blocked`: the same as one batched product over `row_blocks(weight)` row blocks (`few_column_matmul`'s other
+  choice);
 - `onednn`: oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`) on the weight as it is;
 - `onednn_prepacked`: the same on a copy of the weight reordered once into oneDNN's blocked layout
   (`torch.ops.mkldnn._reorder_linear_weight`): `prepacked_extra_mib` says what those copies would add for the
@@ -32,6 +33,7 @@ import torch
 
 import bench_utils
 import random_bilm
+from hf_elmo.elmo_cpu import row_blocks
 
 
 def parse_args(argv=None):
@@ -48,7 +50,7 @@ def parse_args(argv=None):
 
 def product_ways(weight: torch.Tensor) -> dict:
     """name -> function(states (in, columns)) -> (out, columns) for the available ways."""
-    blocks = max(2, min(16, weight.shape[0] // 256))
+    blocks = row_blocks(weight)
     ways = {
         "mm": lambda states: torch.mm(weight, states),
         "blocked": lambda states: torch.bmm(

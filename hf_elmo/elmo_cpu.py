@@ -86,6 +86,11 @@ def few_column_matmul(
     return product.view(-1, columns.shape[-1]) if out is None else out
 
 
+def row_blocks(weight: torch.Tensor) -> int:
+    """Into how many row blocks `few_column_matmul`'s blocked product splits `weight`: 256 rows or more each."""
+    return max(2, min(MAX_ROW_BLOCKS, weight.shape[0] // 256))
+
+
 # (weight shape, dtype, columns, threads) -> (row blocks, seconds), as measured in this process.
 _PRODUCTS: dict[tuple, tuple[int, float]] = {}
 
@@ -101,7 +106,7 @@ def measured_product(weight: torch.Tensor, columns: int) -> tuple[int, float]:
     if key not in _PRODUCTS:
         with torch.no_grad():
             w, x = weight.detach(), weight.new_ones(weight.shape[1], columns)
-            blocks = max(2, min(MAX_ROW_BLOCKS, w.shape[0] // 256))
+            blocks = row_blocks(w)
             candidates = {1: lambda: torch.mm(w, x)}
             # A matrix-vector product is never worth blocking.
             if columns > 1 and w.shape[0] % blocks == 0:
