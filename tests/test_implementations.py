@@ -384,6 +384,47 @@ def test_char_encoder_edge_rows(model):
     assert (fast - reference).abs().max() <= 1e-5
 
 
+
+def _grouping(rows, inverse):
+    """Which rows share an index, as a set of frozensets of row numbers."""
+    groups = {}
+    for row, index in enumerate(inverse.tolist()):
+        groups.setdefault(index, set()).add(row)
+    return {frozenset(group) for group in groups.values()}
+
+
+@pytest.mark.parametrize("kind", ["char_ids", "vectors"])
+def test_distinct_rows_groups_rows_as_torch_unique(kind, monkeypatch):
+    generator = torch.Generator().manual_seed(3)
+    if kind == "char_ids":
+        pool = torch.randint(0, 262, (40, 50), generator=generator)
+    else:
+        pool = torch.randn(40, 16, generator=generator)
+        pool[2, :] = 0.0
+        pool[3, :] = -0.0  # equal to row 2, as in torch.unique
+    # More rows than one hashing chunk, most of them repeats.
+    monkeypatch.setattr(elmo_cpu, "HASH_CHUNK_ROWS", 64)
+    rows = pool[torch.randint(0, 40, (300,), generator=generator)]
+    distinct, inverse = elmo_cpu.distinct_rows(rows)
+    expected_distinct, expected_inverse = torch.unique(rows, dim=0, return_inverse=True)
+    assert distinct.shape == expected_distinct.shape
+    assert torch.equal(distinct[inverse], rows)
+    assert _grouping(rows, inverse) == _grouping(rows, expected_inverse)
+    empty, empty_inverse = elmo_cpu.distinct_rows(rows[:0])
+    assert empty.shape == (0, rows.shape[1]) and empty_inverse.shape == (0,)
+
+
+def test_distinct_rows_falls_back_to_torch_unique_when_different_rows_share_a_hash(monkeypatch):
+    rows = torch.tensor([[1, 2, 3], [3, 2, 1], [1, 2, 3], [0, 0, 0]])
+    # A hash vector that sends every row to one hash: only the exact check can tell them apart.
+    monkeypatch.setitem(elmo_cpu._ROW_HASH_VECTORS, 3, torch.zeros(3, dtype=torch.float64))
+    distinct, inverse = elmo_cpu.distinct_rows(rows)
+    assert distinct.tolist() == [[0, 0, 0], [1, 2, 3], [3, 2, 1]]
+    assert inverse.tolist() == [1, 2, 1, 0]
+    # NaN equals nothing, itself included: rows holding one stay apart.
+    nan_rows = torch.tensor([[float("nan"), 1.0], [float("nan"), 1.0]])
+    assert elmo_cpu.distinct_rows(nan_rows)[1].tolist() == [0, 1]
+
 @pytest.mark.parametrize("implementation", TUNED)
 def test_bf16_runs_close_to_fp32(model, implementation):
     ids = make_batch([6, 3, 10], seed=10)
