@@ -114,3 +114,42 @@ def test_bench_products_times_every_way_and_checks_it_against_mm(capsys):
     if result["prepacked_extra_mib"] is not None:
         # Both directions of both layers: 4 * (128 * 16 + 16 * 32) floats.
         assert result["prepacked_extra_mib"] == round(4 * (128 * 16 + 16 * 32) * 4 / 2**20, 1)
+
+
+def test_ab_cpu_implementation_alternates_two_versions_in_one_process(tmp_path, capsys):
+    import ab_cpu_implementation
+
+    text = tmp_path / "sentences.txt"
+    text.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
+    # The baseline: this checkout's elmo_cpu.py with the char CNN's distinct words found by torch.unique.
+    source = (REPO / "hf_elmo" / "elmo_cpu.py").read_text(encoding="utf-8")
+    assert source.count("distinct, inverse = distinct_rows(char_ids)") == 1
+    baseline = tmp_path / "elmo_cpu_baseline.py"
+    baseline.write_text(source.replace("distinct, inverse = distinct_rows(char_ids)",
+                                       "distinct, inverse = torch.unique(char_ids, dim=0, return_inverse=True)"))
+    from hf_elmo import modeling_elmo
+
+    current = modeling_elmo.ELMO_IMPLEMENTATIONS["cpu"]
+    ab_cpu_implementation.main(["--baseline-file", str(baseline), "--config", "tiny", "--text", str(text),
+                                "--batch-size", "2", "--rounds", "3", "--repeats", "1", "--threads", "1",
+                                "--cache-dir", str(tmp_path / "cache")])
+    assert modeling_elmo.ELMO_IMPLEMENTATIONS["cpu"] is current  # switched back
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    assert result["baseline"] == str(baseline)
+    assert result["config"] == "2x32_16_32cnn_1xhighway" and result["n_words"] == 35 and result["n_batches"] == 3
+    assert [len(result["words_per_s"][side]) for side in ("baseline", "current")] == [3, 3]
+    assert result["ratio_per_round"] == [
+        round(c / b, 3) for c, b in zip(result["words_per_s"]["current"], result["words_per_s"]["baseline"])
+    ]
+    assert min(result["ratio_per_round"]) <= result["ratio_median"] <= max(result["ratio_per_round"])
+    # The same function either way: the distinct words only come in another order.
+    assert result["max_abs_diff_current_vs_baseline"] < 1e-5
+
+
+def test_ab_cpu_implementation_names_a_revision_it_cannot_read(tmp_path):
+    command = [sys.executable, str(BENCHMARKS / "ab_cpu_implementation.py"), "--baseline", "no-such-revision"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and done.stdout == ""
+    assert "cannot read hf_elmo/elmo_cpu.py at 'no-such-revision'" in done.stderr or "needs git" in done.stderr
