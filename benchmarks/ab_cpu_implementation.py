@@ -22,14 +22,13 @@ Examples:
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
+import types
 
 import torch
 
@@ -68,16 +67,12 @@ def baseline_source(revision: str | None, path: str | None) -> tuple[str, str]:
     return done.stdout, f"{revision} ({sha})"
 
 
-def load_baseline(source: str) -> modeling_elmo.ElmoImplementation:
+def load_baseline(source: str, origin: str) -> modeling_elmo.ElmoImplementation:
     """The baseline's token_vectors and bilstm as an implementation of this checkout's model."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "elmo_cpu_baseline.py")
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(source)
-        spec = importlib.util.spec_from_file_location(BASELINE_MODULE, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[BASELINE_MODULE] = module
-        spec.loader.exec_module(module)
+    module = types.ModuleType(BASELINE_MODULE)
+    module.__package__ = "hf_elmo"  # its relative imports read this checkout's modules
+    sys.modules[BASELINE_MODULE] = module
+    exec(compile(source, f"elmo_cpu.py at {origin}", "exec"), module.__dict__)
     current = modeling_elmo.ELMO_IMPLEMENTATIONS["cpu"]
     return dataclasses.replace(current, token_vectors=module.token_vectors, bilstm=module.bilstm)
 
@@ -107,7 +102,7 @@ def main(argv: list[str] | None = None):
 
     torch.set_num_threads(args.threads)
     source, origin = baseline_source(args.baseline, args.baseline_file)
-    sides = {"baseline": load_baseline(source), "current": modeling_elmo.ELMO_IMPLEMENTATIONS["cpu"]}
+    sides = {"baseline": load_baseline(source, origin), "current": modeling_elmo.ELMO_IMPLEMENTATIONS["cpu"]}
 
     options_path, weights_path = random_bilm.ensure(args.config, args.cache_dir)
     model = ElmoModel.from_pretrained(converted_folder(options_path, weights_path, args.cache_dir)).eval()

@@ -384,7 +384,6 @@ def test_char_encoder_edge_rows(model):
     assert (fast - reference).abs().max() <= 1e-5
 
 
-
 def _grouping(rows, inverse):
     """Which rows share an index, as a set of frozensets of row numbers."""
     groups = {}
@@ -424,6 +423,7 @@ def test_distinct_rows_falls_back_to_torch_unique_when_different_rows_share_a_ha
     # NaN equals nothing, itself included: rows holding one stay apart.
     nan_rows = torch.tensor([[float("nan"), 1.0], [float("nan"), 1.0]])
     assert elmo_cpu.distinct_rows(nan_rows)[1].tolist() == [0, 1]
+
 
 @pytest.mark.parametrize("implementation", TUNED)
 def test_bf16_runs_close_to_fp32(model, implementation):
