@@ -136,6 +136,9 @@ class ElmoConfig(PreTrainedConfig):
             mixed vectors before the classifier (the paper's task-model set-up); `None` = a linear classifier
             straight on the mix.
         head_lstm_layers (`int`, defaults to 1): layers of that biLSTM.
+        head_crf (`bool`, defaults to `False`): `ElmoForTokenClassification` scores whole label sequences with a
+            linear-chain CRF (the paper's NER model: biLSTM-CRF) and decodes with Viterbi; with IOB2 labels, the
+            transitions IOB2 forbids are never taken.
         classifier_pooling (`str`, defaults to `"mean"`): how `ElmoForSequenceClassification` turns word vectors
             into one sentence vector: `"mean"` or `"max"` over the words, or `"final"` (the forward half at the
             last word joined with the backward half at the first word, i.e. each direction's final state).
@@ -185,6 +188,7 @@ class ElmoConfig(PreTrainedConfig):
         mix_dropout=0.5,
         head_lstm_dim=None,
         head_lstm_layers=1,
+        head_crf=False,
         classifier_pooling="mean",
         bos_word_id=0,
         eos_word_id=1,
@@ -212,6 +216,7 @@ class ElmoConfig(PreTrainedConfig):
         self.mix_dropout = mix_dropout
         self.head_lstm_dim = head_lstm_dim
         self.head_lstm_layers = head_lstm_layers
+        self.head_crf = head_crf
         self.classifier_pooling = classifier_pooling
         self.bos_word_id = bos_word_id
         self.eos_word_id = eos_word_id
@@ -317,7 +322,7 @@ class ElmoConfig(PreTrainedConfig):
         def is_positive_int(value):
             return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
-        for field in ("freeze_elmo", "mix_layer_norm"):
+        for field in ("freeze_elmo", "mix_layer_norm", "head_crf"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"ElmoConfig.{field} must be a bool, got {getattr(self, field)!r}.")
         if not is_number(self.mix_l2_coef) or not self.mix_l2_coef >= 0:

@@ -6,6 +6,8 @@
   rules of CoNLL's `conlleval`): IOB1, IOB2 and IOBES tags all work; `has_chunk_tags` says whether a tag set is one.
 - `classification_scores`: accuracy and per-class / macro precision, recall, F1 for sentence labels.
 - `plot_layer_weights`: the learned softmax weight of each biLM layer per task, as in Figure 2 of the ELMo paper.
+- `compute_elmo_layers` and `ElmoLayersCollator`: a frozen biLM's layers computed once, and batched for the heads'
+  `elmo_hidden_states` input, so that training a head never runs the biLM again.
 
 The example scripts' command-line options and Trainer run live beside them, in `examples/finetuning_cli.py`.
 
@@ -246,6 +248,68 @@ def classification_scores(gold: list[str], predicted: list[str]) -> dict:
     macro = {key: sum(c[key] for c in per_class.values()) / len(per_class) for key in ("precision", "recall", "f1")}
     accuracy = sum(g == p for g, p in zip(gold, predicted)) / len(gold)
     return {"accuracy": accuracy, "macro": macro, "classes": per_class}
+
+
+# ---------------------------------------------------------------------------------------------
+# A frozen biLM's layers, computed once: the head's epochs then never pay for the biLM (as AllenNLP users cached
+# ELMo vectors). `ElmoForTokenClassification` / `ElmoForSequenceClassification` take them as `elmo_hidden_states`.
+# ---------------------------------------------------------------------------------------------
+def compute_elmo_layers(elmo, tokenizer, sentences: list[list[str]], batch_size: int = 64,
+                        progress: bool = True) -> list:
+    """
+    Every biLM layer of each sentence (lists of words), `(num_lstm_layers + 1, words, hidden_size)` float32 tensors
+    in the order given. Batches are formed from sentences of similar length (a sentence's vectors never depend on
+    its batch); `elmo` is an `ElmoModel`, run without autograd.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
+    layers = [None] * len(sentences)
+    was_training = elmo.training
+    elmo.eval()
+    try:
+        with torch.no_grad():
+            for start in tqdm(range(0, len(order), batch_size), desc="biLM layers", unit="batch",
+                              disable=None if progress else True):
+                chunk = order[start : start + batch_size]
+                batch = tokenizer([sentences[i] for i in chunk], is_split_into_words=True, padding=True,
+                                  return_tensors="pt")
+                hidden = elmo(**batch.to(elmo.device), output_hidden_states=True).hidden_states
+                stacked = torch.stack(hidden, dim=1).float().cpu()
+                for row, index in enumerate(chunk):
+                    layers[index] = stacked[row, :, : len(sentences[index])].clone()
+    finally:
+        elmo.train(was_training)
+    return layers
+
+
+class ElmoLayersCollator:
+    """
+    Batches of `{"elmo_hidden_states": (layers, words, dim), "labels": [...]}` features (labels optional; one per
+    word for token tasks, one per sentence otherwise): the layers padded with zeros to the longest sentence, an
+    `attention_mask`, and word labels padded with -100.
+    """
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        longest = max(f["elmo_hidden_states"].shape[1] for f in features)
+        first = features[0]["elmo_hidden_states"]
+        states = first.new_zeros(len(features), first.shape[0], longest, first.shape[2])
+        mask = torch.zeros(len(features), longest, dtype=torch.long)
+        for row, feature in enumerate(features):
+            words = feature["elmo_hidden_states"].shape[1]
+            states[row, :, :words] = feature["elmo_hidden_states"]
+            mask[row, :words] = 1
+        batch = {"elmo_hidden_states": states, "attention_mask": mask}
+        if "labels" in features[0]:
+            labels = [feature["labels"] for feature in features]
+            if isinstance(labels[0], (list, tuple)):
+                batch["labels"] = torch.tensor([list(l) + [-100] * (longest - len(l)) for l in labels])
+            else:
+                batch["labels"] = torch.tensor(labels)
+        return batch
 
 
 # ---------------------------------------------------------------------------------------------

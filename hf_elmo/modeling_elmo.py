@@ -592,6 +592,111 @@ class ElmoScalarMix(nn.Module):
         return self.gamma * mixed
 
 
+# A transition that the label scheme forbids scores this (added to the learned score): no best path and no
+# probable one takes it, while every sum stays finite.
+FORBIDDEN_TRANSITION = -1e4
+
+
+def iob2_transitions(id2label: dict) -> tuple[list[list[bool]], list[bool]] | None:
+    """
+    Which label may follow which (`allowed[previous][next]`) and which may start a sentence, under IOB2: `I-X`
+    only after `B-X` or `I-X`, never first. None unless every label is `O`, `B-X` or `I-X` (no constraint then).
+    """
+    names = [id2label[i] for i in range(len(id2label))]
+    if not all(name == "O" or name[:2] in ("B-", "I-") and len(name) > 2 for name in names):
+        return None
+
+    def may_follow(previous: str, name: str) -> bool:
+        return not name.startswith("I-") or previous[2:] == name[2:] and previous[:2] in ("B-", "I-")
+
+    allowed = [[may_follow(previous, name) for name in names] for previous in names]
+    return allowed, [not name.startswith("I-") for name in names]
+
+
+class ElmoCrf(nn.Module):
+    """
+    A linear-chain CRF over the word labels, the output layer of the paper's NER model: a learned score for each
+    label transition, for starting and for ending a sentence, added to the classifier's scores per word. With IOB2
+    labels (`iob2_transitions`) the forbidden transitions are held at `FORBIDDEN_TRANSITION`, in training and in
+    decoding alike. All functions take `emissions` `(batch, words, labels)` and a prefix `mask` `(batch, words)`.
+    """
+
+    def __init__(self, num_labels: int, id2label: dict | None = None):
+        super().__init__()
+        self.transitions = nn.Parameter(torch.zeros(num_labels, num_labels))  # [previous, next]
+        self.start_scores = nn.Parameter(torch.zeros(num_labels))
+        self.end_scores = nn.Parameter(torch.zeros(num_labels))
+        # Plain lists, turned into tensors where they are used: a tensor made here would be on the meta device
+        # when Transformers builds the model to load it, and it is not a weight to save.
+        constraints = iob2_transitions(id2label) if id2label and len(id2label) == num_labels else None
+        self.constraints = constraints
+
+    def scores(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Transition, start and end scores with the constraints applied."""
+        transitions, start = self.transitions, self.start_scores
+        if self.constraints is not None:
+            allowed, allowed_first = (torch.tensor(c, device=transitions.device) for c in self.constraints)
+            transitions = transitions + (~allowed) * FORBIDDEN_TRANSITION
+            start = start + (~allowed_first) * FORBIDDEN_TRANSITION
+        return transitions, start, self.end_scores
+
+    def path_scores(self, emissions: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The score of each sentence's labelling `labels` `(batch, words)` (any value at padding), `(batch,)`."""
+        transitions, start, end = self.scores()
+        labels = labels.masked_fill(~mask, 0)
+        rows = torch.arange(labels.shape[0], device=labels.device)
+        lengths = mask.sum(dim=1)
+        score = (emissions.gather(2, labels[..., None]).squeeze(-1) * mask).sum(dim=1)
+        score = score + start[labels[:, 0]] * (lengths > 0)
+        score = score + (transitions[labels[:, :-1], labels[:, 1:]] * mask[:, 1:]).sum(dim=1)
+        return score + end[labels[rows, (lengths - 1).clamp(min=0)]] * (lengths > 0)
+
+    def log_partition(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """log of the sum over every labelling of exp(score), `(batch,)` (0 for a sentence of no words)."""
+        transitions, start, end = self.scores()
+        alpha = start + emissions[:, 0]
+        for t in range(1, emissions.shape[1]):
+            step = torch.logsumexp(alpha[:, :, None] + transitions, dim=1) + emissions[:, t]
+            alpha = torch.where(mask[:, t, None], step, alpha)
+        return torch.where(mask[:, 0], torch.logsumexp(alpha + end, dim=1), 0.0)
+
+    def max_marginals(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """
+        `(batch, words, labels)`: for each word and label, the best score of a whole labelling that gives the word
+        that label (max-product forward and backward). Its argmax at each word is the Viterbi path (when the best
+        path is unique); 0 at padding.
+        """
+        transitions, start, end = self.scores()
+        forward = [start + emissions[:, 0]]
+        for t in range(1, emissions.shape[1]):
+            forward.append((forward[-1][:, :, None] + transitions).amax(dim=1) + emissions[:, t])
+        backward = [end.expand_as(forward[0])]
+        for t in range(emissions.shape[1] - 2, -1, -1):
+            step = (transitions + (emissions[:, t + 1] + backward[-1])[:, None, :]).amax(dim=2)
+            # A row whose last word is t ends here.
+            backward.append(torch.where(mask[:, t + 1, None], step, end))
+        scores = torch.stack(forward, dim=1) + torch.stack(backward[::-1], dim=1)
+        return scores * mask[..., None]
+
+    def decode(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The best labelling of each sentence (Viterbi), `(batch, words)`, -100 at padding."""
+        transitions, start, end = self.scores()
+        best, back_pointers = start + emissions[:, 0], []
+        for t in range(1, emissions.shape[1]):
+            step, pointer = (best[:, :, None] + transitions).max(dim=1)
+            back_pointers.append(pointer)
+            best = torch.where(mask[:, t, None], step + emissions[:, t], best)
+        lengths = mask.sum(dim=1)
+        label = (best + end).argmax(dim=1)
+        path = [label]
+        for t in range(emissions.shape[1] - 1, 0, -1):
+            # Only words before a row's last word follow the pointers; later positions just pass the label on.
+            previous = back_pointers[t - 1].gather(1, label[:, None]).squeeze(1)
+            label = torch.where(t < lengths, previous, label)
+            path.append(label)
+        return torch.stack(path[::-1], dim=1).masked_fill(~mask, -100)
+
+
 class ElmoTaskEncoder(nn.Module):
     """
     The task-specific part shared by the heads: biLM layers `(batch, words, 2P)` each -> mix -> dropout -> optional
@@ -666,8 +771,23 @@ class ElmoTaskPreTrainedModel(ElmoPreTrainedModel):
         """The learned softmax weight of each biLM layer (token layer first), `(num_lstm_layers + 1,)`."""
         return self.encoder.mix.layer_weights().detach()
 
-    def elmo_layers(self, input_ids, attention_mask):
-        """All biLM layers and the word mask; without autograd when no biLM weight is trainable."""
+    def elmo_layers(self, input_ids, attention_mask, elmo_hidden_states=None):
+        """
+        All biLM layers and the word mask; without autograd when no biLM weight is trainable. `elmo_hidden_states`
+        `(batch, num_lstm_layers + 1, words, hidden_size)`: the layers computed earlier (a frozen biLM's features,
+        computed once for every epoch; `attention_mask` then says which words are real); the biLM does not run.
+        """
+        if elmo_hidden_states is not None:
+            expected = (self.config.num_lstm_layers + 1, self.config.hidden_size)
+            if elmo_hidden_states.dim() != 4 or (elmo_hidden_states.shape[1], elmo_hidden_states.shape[3]) != expected:
+                raise ValueError(
+                    f"elmo_hidden_states must have shape (batch, {expected[0]}, words, {expected[1]}) (the biLM's "
+                    f"layers), got {tuple(elmo_hidden_states.shape)}."
+                )
+            if attention_mask is None or attention_mask.shape != elmo_hidden_states.shape[::2]:
+                raise ValueError("elmo_hidden_states needs the attention_mask (batch, words) of its words.")
+            mask = attention_mask.bool()
+            return tuple(layer * mask[..., None] for layer in elmo_hidden_states.unbind(1)), mask
         trainable = any(p.requires_grad for p in self.elmo.parameters())
         with contextlib.nullcontext() if trainable else torch.no_grad():
             output = self.elmo(input_ids, attention_mask=attention_mask, output_hidden_states=True, return_dict=True)
@@ -698,8 +818,13 @@ def _check_label_ids(labels: torch.Tensor, num_labels: int, id2label: dict):
 class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
     """
     ELMo with a label per word (NER, POS tagging, chunking): mixed biLM layers -> dropout -> optional biLSTM ->
-    linear classifier. Word i of the input is position i of `logits` (the model adds `<S>`/`</S>` itself), so
-    word-level labels need no alignment. Loss: cross-entropy over labels that are not -100.
+    linear classifier -> optional CRF (`config.head_crf`). Word i of the input is position i of `logits` (the model
+    adds `<S>`/`</S>` itself), so word-level labels need no alignment. Loss: cross-entropy over labels that are not
+    -100, or with the CRF the negative log-likelihood of each sentence's labelling, per labelled word.
+
+    With the CRF, `logits` are its max-marginal scores (per word and label, the best score of a whole labelling that
+    gives the word that label), so their argmax, which the Trainer's predictions and the token-classification
+    pipeline take, is the Viterbi labelling; `decode` returns it directly.
     """
 
     def __init__(self, config: ElmoConfig):
@@ -710,27 +835,57 @@ class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
         self.elmo = ElmoModel(config)
         self.encoder = ElmoTaskEncoder(config)
         self.classifier = nn.Linear(self.encoder.output_size, config.num_labels)
+        self.crf = ElmoCrf(config.num_labels, config.id2label) if config.head_crf else None
         self.post_init()
+
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, ElmoCrf):
+            # No preference between labels to start with: the classifier's scores alone decide.
+            for parameter in module.parameters():
+                init.zeros_(parameter)
+
+    @torch.no_grad()
+    def decode(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        elmo_hidden_states: torch.Tensor | None = None,
+    ) -> torch.LongTensor:
+        """The best label id of each word, `(batch, words)`, -100 at padding: Viterbi with the CRF, else argmax."""
+        layers, mask = self.elmo_layers(input_ids, attention_mask, elmo_hidden_states)
+        emissions = self.classifier(self.encoder(layers, mask))
+        if self.crf is None:
+            return emissions.argmax(dim=-1).masked_fill(~mask, -100)
+        return self.crf.decode(emissions.float(), mask)
 
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor,
+        input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         output_hidden_states: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
+        elmo_hidden_states: torch.Tensor | None = None,
         **kwargs,
     ) -> TokenClassifierOutput:
         r"""
         labels (`torch.LongTensor` of shape `(batch_size, num_words)`, *optional*):
-            Label id of each word in `[0, num_labels)`; -100 for words to ignore and for padding.
+            Label id of each word in `[0, num_labels)`; -100 for words to ignore and for padding (with the CRF,
+            every word of a sentence needs its label).
         num_items_in_batch (`int` or `torch.Tensor`, *optional*):
             Number of labels != -100 in the whole accumulated batch (passed by the Trainer); the loss is divided by
             it instead of by this batch's count.
+        elmo_hidden_states (`torch.FloatTensor` of shape `(batch_size, num_lstm_layers + 1, num_words, hidden_size)`, *optional*):
+            The biLM's layers, computed earlier, instead of `input_ids` (with `attention_mask`): a frozen biLM's
+            features computed once (`ElmoModel(..., output_hidden_states=True)`) serve every epoch.
         """
-        layers, mask = self.elmo_layers(input_ids, attention_mask)
-        logits = self.classifier(self.encoder(layers, mask))
+        layers, mask = self.elmo_layers(input_ids, attention_mask, elmo_hidden_states)
+        emissions = self.classifier(self.encoder(layers, mask))
+        logits = emissions
+        if self.crf is not None and mask.shape[1]:
+            logits = self.crf.max_marginals(emissions.float(), mask).to(emissions.dtype)
 
         loss = None
         if labels is not None:
@@ -750,12 +905,44 @@ class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
                 )
             _check_label_ids(labels, self.num_labels, self.config.id2label)
             labelled = labels != -100
-            loss_sum = nn.functional.cross_entropy(logits[labelled].float(), labels[labelled], reduction="sum")
+            if self.crf is None:
+                loss_sum = nn.functional.cross_entropy(emissions[labelled].float(), labels[labelled], reduction="sum")
+            else:
+                self._check_crf_labels(labels, mask)
+                emissions = emissions.float()
+                loss_sum = (self.crf.log_partition(emissions, mask) - self.crf.path_scores(emissions, labels, mask)).sum()
             loss = self.normalised_loss(loss_sum, labelled.sum(), num_items_in_batch)
 
         if output_hidden_states is None:
             output_hidden_states = self.config.output_hidden_states
         return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=layers if output_hidden_states else None)
+
+
+    def _check_crf_labels(self, labels: torch.Tensor, mask: torch.Tensor):
+        unlabelled = mask & (labels == -100)
+        if unlabelled.any():
+            row, word = (int(v) for v in unlabelled.nonzero()[0])
+            raise ValueError(
+                f"labels[{row}, {word}] is -100 but the CRF scores whole sentences: give every word a label."
+            )
+        if self.crf.constraints is None or not mask.shape[1]:
+            return
+        transitions, start, _ = self.crf.scores()
+        safe = labels.masked_fill(~mask, 0)
+        forbidden = (transitions[safe[:, :-1], safe[:, 1:]] <= FORBIDDEN_TRANSITION / 2) & mask[:, 1:]
+        first = (start[safe[:, 0]] <= FORBIDDEN_TRANSITION / 2) & mask[:, 0]
+        if forbidden.any() or first.any():
+            names = self.config.id2label
+            if first.any():
+                row, word = int(first.nonzero()[0]), 0
+            else:
+                row, previous = (int(v) for v in forbidden.nonzero()[0])
+                word = previous + 1
+            after = "at the start" if word == 0 else f"after {names[int(labels[row, word - 1])]}"
+            raise ValueError(
+                f"labels[{row}, {word}] is {names[int(labels[row, word])]} {after}, which IOB2 forbids (an I- tag "
+                "continues a B- or I- tag of its type). Convert IOB1 tags to IOB2, or train without head_crf."
+            )
 
 
 class ElmoForSequenceClassification(ElmoTaskPreTrainedModel):
@@ -834,11 +1021,12 @@ class ElmoForSequenceClassification(ElmoTaskPreTrainedModel):
     @can_return_tuple
     def forward(
         self,
-        input_ids: torch.LongTensor,
+        input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
+        elmo_hidden_states: torch.Tensor | None = None,
         **kwargs,
     ) -> SequenceClassifierOutput:
         r"""
@@ -847,8 +1035,10 @@ class ElmoForSequenceClassification(ElmoTaskPreTrainedModel):
             `(batch_size, num_labels)`. Regression: floats `(batch_size,)` or `(batch_size, num_labels)`.
         num_items_in_batch (`int` or `torch.Tensor`, *optional*):
             Number of labels (!= -100) in the whole accumulated batch (passed by the Trainer).
+        elmo_hidden_states (`torch.FloatTensor` of shape `(batch_size, num_lstm_layers + 1, num_words, hidden_size)`, *optional*):
+            The biLM's layers, computed earlier, instead of `input_ids` (see `ElmoForTokenClassification`).
         """
-        layers, mask = self.elmo_layers(input_ids, attention_mask)
+        layers, mask = self.elmo_layers(input_ids, attention_mask, elmo_hidden_states)
         logits = self.classifier(self.pool(self.encoder(layers, mask), mask))
         loss = None if labels is None else self.sequence_loss(logits, labels, num_items_in_batch)
         if output_hidden_states is None:
@@ -1061,6 +1251,7 @@ __all__ = [
     "ELMO_IMPLEMENTATIONS",
     "ElmoBiLstm",
     "ElmoCharacterEncoder",
+    "ElmoCrf",
     "ElmoForPreTraining",
     "ElmoForPreTrainingOutput",
     "ElmoForSequenceClassification",
