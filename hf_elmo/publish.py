@@ -7,7 +7,8 @@ the model re-saved with `save_pretrained` (safetensors weights, config with the 
 when present, any other code, json or png file of the folder (a fine-tuned head's `metrics.json`, `labels.json` and
 `layer_weights.png`), and a model card generated from the folder's metadata and, for a head, its run's metrics.
 Re-saving also proves that the folder loads before anything is sent. Training state (optimizer, scheduler, RNG,
-Trainer state), weight files in other formats and sub-folders (checkpoints) are left out, and said so.
+Trainer state), weight files in other formats and sub-folders (checkpoints) are left out, and said so. A link
+whose target lies outside the folder stops publishing before anything is read (`_refuse_links_outside`).
 
 Network calls go through `huggingface_hub.HfApi`: `create_repo` (exist_ok) then one `create_commit` holding every
 file, optionally as a pull request.
@@ -132,6 +133,26 @@ def read_run_metrics(path: str) -> dict | None:
     return None
 
 
+def _refuse_links_outside(model_dir: str) -> None:
+    """
+    Stop before anything is read if an entry of the folder is a link whose target lies outside it: loading or
+    carrying it over would upload someone's file from elsewhere (a link to a private file, listed like any other).
+    Links that stay inside the folder are followed.
+    """
+    root = os.path.realpath(model_dir)
+    for name in sorted(os.listdir(model_dir)):
+        path = os.path.join(model_dir, name)
+        if not os.path.islink(path):
+            continue
+        target = os.path.realpath(path)
+        if os.path.commonpath([root, target]) != root:
+            raise PublishError(
+                f"{path} is a link to {target}, outside {model_dir}; publish never uploads a file from outside the "
+                f"model folder. Remove the link, or replace it with a copy of the file if it is meant to be "
+                f"published (cp --remove-destination \"$(readlink -f {path})\" {path})."
+            )
+
+
 def prepare_folder(
     model_dir: str,
     staging: str,
@@ -142,6 +163,7 @@ def prepare_folder(
     """Write into the empty folder `staging` exactly what `publish` uploads (see the module docstring)."""
     if not os.path.isdir(model_dir):
         raise PublishError(f"{model_dir}: not a folder.")
+    _refuse_links_outside(model_dir)
     config, model, tokenizer = _load(model_dir)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)

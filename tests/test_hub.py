@@ -352,3 +352,41 @@ def test_example_hub_and_report_options(monkeypatch, tmp_path):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     with pytest.raises(SystemExit):
         module.parse_args(base + ["--hub-model-id", "someone/x"])
+
+
+def test_publish_never_uploads_what_a_link_outside_the_folder_points_to(converted_dir, tmp_path, capsys, hub):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("my private notes\n", encoding="utf-8")
+    folder = tmp_path / "linked"
+    shutil.copytree(converted_dir, folder)
+    os.symlink(secret, folder / "notes.json")
+    for arguments in (["--dry-run"], []):
+        assert main(["publish", str(folder), "--repo-id", "someone/elmo", *arguments]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error == (
+            f"error: {folder / 'notes.json'} is a link to {secret}, outside {folder}; publish never uploads a file "
+            "from outside the model folder. Remove the link, or replace it with a copy of the file if it is meant "
+            f"to be published (cp --remove-destination \"$(readlink -f {folder / 'notes.json'})\" "
+            f"{folder / 'notes.json'})."
+        )
+    # The same for a file the model loads (a shared vocabulary kept elsewhere), and for a link to a folder.
+    os.remove(folder / "notes.json")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.replace(folder / "vocab.txt", shared / "vocab.txt")
+    os.symlink(shared / "vocab.txt", folder / "vocab.txt")
+    with pytest.raises(PublishError, match=r"vocab.txt is a link to .*shared/vocab.txt, outside"):
+        publish(str(folder), "someone/elmo", dry_run=True)
+    os.replace(shared / "vocab.txt", folder / "vocab.txt")
+    os.symlink(shared, folder / "extra")
+    with pytest.raises(PublishError, match=r"extra is a link to .*shared, outside"):
+        publish(str(folder), "someone/elmo", dry_run=True)
+    os.remove(folder / "extra")
+    assert hub == []
+    # A link that stays inside the folder is followed: its content is published under the link's name.
+    (folder / "notes").mkdir()
+    (folder / "notes" / "labels.json").write_text('{"a": 1}\n', encoding="utf-8")
+    os.symlink(folder / "notes" / "labels.json", folder / "labels.json")
+    prepared, _ = publish(str(folder), "someone/elmo")
+    assert hub[1][3]["labels.json"] == b'{"a": 1}\n'
+    assert prepared.left_out == ["notes"]
