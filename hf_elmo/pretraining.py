@@ -18,8 +18,9 @@ accumulator 1.0).
 
 OUTPUT_DIR ends up holding the final model (`AutoModel.from_pretrained(OUTPUT_DIR)` gives the biLM,
 `AutoModelForPreTraining` the biLM with its softmax), the tokenizer with the vocabulary (vocab.txt, bilm-tf's
-format), `checkpoint-STEP/` folders (`--resume` continues from the latest one exactly as if never stopped), TensorBoard
-logs under logs/, training_args.json and eval_results.json. Export the biLM for bilm-tf with
+format), `checkpoint-STEP/` folders (`--resume` continues from the latest one exactly as if never stopped), every
+metric in metrics.jsonl (and TensorBoard logs under logs/ when TensorBoard is installed), training_args.json and
+eval_results.json. Export the biLM for bilm-tf with
 conversion/convert_hf_to_bilm_tf.py.
 """
 
@@ -52,6 +53,8 @@ CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 # for the rest. Nothing in it is ever unpickled, since checkpoints travel between machines and people.
 OPTIMIZER_FILE = "optimizer.bin"
 TRAINING_STATE_FILE = "training_state.json"
+# Every logged metric, one JSON object a line ({"step": N, "train/loss": ..., ...}); a resumed run appends to it.
+METRICS_FILE = "metrics.jsonl"
 RNG_STATE_FILE = "rng_state_{rank}.json"
 CHECKPOINT_FORMAT = "hf_elmo.pretraining checkpoint"
 CHECKPOINT_VERSION = 1
@@ -190,8 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--save-steps", type=int, default=1000, help="write a checkpoint every this many steps.")
     report.add_argument("--save-total-limit", type=int, default=2,
                         help="keep this many most recent checkpoints (default: %(default)s).")
-    report.add_argument("--report-to", default="tensorboard",
-                        help="Accelerate tracker(s) for the metrics: tensorboard (default), wandb, ..., all, none.")
+    report.add_argument("--report-to", default="auto",
+                        help="Accelerate tracker(s) for the metrics besides OUTPUT_DIR/metrics.jsonl (always written): "
+                        "auto (default: tensorboard when it is installed, else none), tensorboard, wandb, ..., all, "
+                        "none.")
     return parser
 
 
@@ -211,10 +216,12 @@ def check_args(args, parser) -> None:
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.learning_rate is None:
         args.learning_rate = DEFAULT_LEARNING_RATES[args.optimizer]
-    if args.report_to == "tensorboard":
+    if args.report_to in ("auto", "tensorboard"):
         from accelerate.utils import is_tensorboard_available
 
-        if not is_tensorboard_available():
+        if args.report_to == "auto":
+            args.report_to = "tensorboard" if is_tensorboard_available() else "none"
+        elif not is_tensorboard_available():
             parser.error("--report-to tensorboard needs the tensorboard package: pip install tensorboard "
                          "(or hf-elmo[pretraining]); or pass --report-to none")
 
@@ -490,10 +497,18 @@ def train(args) -> dict:
             {**vars(args), "batching": "sentences", "num_processes": accelerator.num_processes},
         )
     accelerator.init_trackers("elmo-pretraining", config=tracker_config(args, accelerator))
+    metrics_file = os.path.join(args.output_dir, METRICS_FILE)
+
+    def log_metrics(values: dict) -> None:
+        """To the trackers, and one JSON line in OUTPUT_DIR/metrics.jsonl (readable without any tracker)."""
+        accelerator.log(values, step=progress.step)
+        if main_process:
+            with open(metrics_file, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"step": progress.step, **values}) + "\n")
 
     def evaluate() -> dict:
         scores = _evaluate(accelerator, model, eval_batches)
-        accelerator.log(scores, step=progress.step)
+        log_metrics(scores)
         logger.info(
             "step %d: held-out perplexity forward %.2f, backward %.2f", progress.step,
             scores["eval/forward_perplexity"], scores["eval/backward_perplexity"],
@@ -602,7 +617,7 @@ def train(args) -> dict:
                     "data/empty_lines_skipped": stream.stats.empty_lines_skipped,
                     "data/long_lines_split": stream.stats.long_lines_split,
                 }
-                accelerator.log(metrics, step=progress.step)
+                log_metrics(metrics)
                 bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", tok_s=f"{metrics['train/tokens_per_second']:.0f}")
                 logger.info(
                     "step %d: loss %.4f (forward %.4f, backward %.4f), lr %.3g, grad norm %.3g, %.0f tokens/s",

@@ -352,8 +352,29 @@ def test_training_on_english_lowers_heldout_perplexity(trained, corpus, caplog):
 
     events = [f for _, _, files in os.walk(trained / "logs") for f in files if f.startswith("events.out.tfevents")]
     assert events, "no TensorBoard event file under logs/"
+    # Every metric is also in metrics.jsonl, readable without any tracker.
+    records = [json.loads(line) for line in (trained / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    evaluations = [r for r in records if "eval/forward_perplexity" in r]
+    assert [r["step"] for r in evaluations] == [0, 15, 30]
+    assert [round(r["eval/forward_perplexity"], 2) for r in evaluations] == [p[0] for p in perplexities]
+    assert [r["step"] for r in records if "train/loss" in r] == [10, 15, 20, 30]
     assert os.path.isfile(trained / "checkpoint-15" / "optimizer.bin")
     assert not [name for name in os.listdir(trained) if name.endswith(".partial")]
+
+
+def test_report_to_defaults_to_what_is_installed(monkeypatch):
+    import accelerate.utils
+
+    from hf_elmo.pretraining import build_parser, check_args
+
+    parser = build_parser()
+    required = ["--train-files", "x", "--config", "small", "--output-dir", "o", "--max-steps", "1"]
+    for installed, expected in ((True, "tensorboard"), (False, "none")):
+        monkeypatch.setattr(accelerate.utils, "is_tensorboard_available", lambda: installed)
+        args = parser.parse_args(required)
+        assert args.report_to == "auto"
+        check_args(args, parser)
+        assert args.report_to == expected
 
 
 def test_export_to_bilm_tf_and_back_is_bit_exact(trained, tmp_path):
@@ -560,7 +581,7 @@ def test_a_kill_during_the_final_save_leaves_no_partial_model(corpus, tmp_path):
     # weights (and, with safetensors < 0.8, a truncated model.safetensors; with 0.8, a hidden temporary file beside
     # it that no run removed).
     visible = sorted(name for name in os.listdir(output) if not name.startswith("."))
-    assert visible == ["checkpoint-2", "training_args.json", "vocab.txt"]
+    assert visible == ["checkpoint-2", "metrics.jsonl", "training_args.json", "vocab.txt"]
 
     # --resume finds the run finished, writes the final model, and removes what the killed save left.
     assert pretrain_main([*options, "--resume"]) == 0
