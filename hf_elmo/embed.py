@@ -213,7 +213,7 @@ def embed_file(
     summary = EmbedSummary(output_path=output_path)
     # The partial file is created on entry, before any work: a folder that cannot be written is reported at once,
     # in our words rather than h5py's. It is flushed and renamed into place only when the whole input is embedded.
-    with handle, atomic_output_file(output_path) as partial:
+    with handle, atomic_output_file(output_path, replace=overwrite) as partial:
         with h5py.File(partial, "w") as out, tqdm(total=total, unit=" lines", disable=not progress) as bar:
             while True:
                 chunk = list(islice(lines, window))

@@ -187,13 +187,13 @@ def atomic_output_dir(output_dir: str, overwrite: bool = False, inputs=()):
         yield staging
         _normal_permissions(staging)
         with _signals_held():
-            if os.path.lexists(output_dir):
+            if os.path.lexists(output_dir) and (overwrite or not os.listdir(output_dir)):
                 old = tempfile.mkdtemp(dir=parent, prefix=f".{name}.old-{os.getpid()}-")
                 os.replace(output_dir, os.path.join(old, "previous"))
                 os.replace(staging, output_dir)
                 shutil.rmtree(old, ignore_errors=True)
             else:
-                os.replace(staging, output_dir)
+                _rename_without_replacing(staging, output_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         if old is not None and os.path.isdir(os.path.join(old, "previous")) and not os.path.lexists(output_dir):
@@ -201,6 +201,41 @@ def atomic_output_dir(output_dir: str, overwrite: bool = False, inputs=()):
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         raise
+
+
+def _appeared_meanwhile(output: str) -> FileExistsError:
+    return FileExistsError(
+        f"{output} was written by another run while this one worked; it is kept and this run's output is discarded "
+        "(pass --overwrite to replace it)."
+    )
+
+
+def _rename_without_replacing(staging: str, output_dir: str) -> None:
+    """
+    Move the finished folder `staging` to `output_dir`, which was absent at the start: if another run has put a
+    folder there meanwhile, it is kept (the existence check at the start is not enough when two runs write to the
+    same new output). A rename onto a folder that holds anything fails.
+    """
+    try:
+        os.rename(staging, output_dir)
+    except OSError as error:
+        if os.path.lexists(output_dir):
+            raise _appeared_meanwhile(output_dir) from None
+        raise error
+
+
+def _link_without_replacing(partial: str, output_path: str) -> None:
+    """Put the finished file `partial` at `output_path` only if nothing is there (a hard link fails if a file is)."""
+    try:
+        os.link(partial, output_path)
+    except FileExistsError:
+        raise _appeared_meanwhile(output_path) from None
+    except OSError:  # a file system without hard links: the narrow window between check and rename remains
+        if os.path.lexists(output_path):
+            raise _appeared_meanwhile(output_path) from None
+        os.rename(partial, output_path)
+        return
+    os.remove(partial)
 
 
 def check_replaceable_file(output_path: str, overwrite: bool, inputs=()) -> None:
@@ -249,13 +284,14 @@ def remove_stale_partials(output_path: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output_file(output_path):
+def atomic_output_file(output_path, replace: bool = True):
     """
     Yields the path of a hidden, empty `.NAME.<pid>.partial` file beside `output_path` to write; when the block
     succeeds it is flushed to disk and renamed over `output_path`, otherwise removed. Readers see the old file or
     the complete new one, never half a file. A folder that cannot be written fails here, before any work, with an
     `OutputError` naming `output_path`. Replacing an existing file is the caller's decision (see
-    `check_replaceable_file`).
+    `check_replaceable_file`); with `replace=False` a file that another run put at `output_path` meanwhile is kept
+    and this one raises `FileExistsError`.
     """
     output_path = os.path.abspath(os.fspath(output_path))
     partial = partial_path(output_path)
@@ -271,7 +307,10 @@ def atomic_output_file(output_path):
         yield partial
         with open(partial, "rb") as f:
             os.fsync(f.fileno())
-        os.replace(partial, output_path)
+        if replace:
+            os.replace(partial, output_path)
+        else:
+            _link_without_replacing(partial, output_path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(partial)

@@ -539,3 +539,44 @@ def test_atomic_files_into_moves_whole_files_in_order_or_nothing(tmp_path, monke
     assert sorted(os.listdir(folder)) == ["checkpoint-5", "config.json", "eval_results.json", "model.safetensors",
                                           "vocab.txt"]
     assert (folder / "model.safetensors").read_text() == "model.safetensors"
+
+
+def test_an_output_another_run_wrote_meanwhile_is_never_replaced(tmp_path):
+    from hf_elmo.safe_output import atomic_output_dir, atomic_output_file
+
+    # A file: the other run's finished file stays, this run's partial file goes.
+    target = tmp_path / "out.h5"
+    with pytest.raises(FileExistsError, match=r"out.h5 was written by another run while this one worked; it is kept"):
+        with atomic_output_file(target, replace=False) as partial:
+            pathlib.Path(partial).write_text("mine")
+            target.write_text("theirs")
+    assert target.read_text() == "theirs" and sorted(os.listdir(tmp_path)) == ["out.h5"]
+    with atomic_output_file(target) as partial:  # replace=True (the caller checked --overwrite): replaced
+        pathlib.Path(partial).write_text("mine")
+    assert target.read_text() == "mine"
+    # A folder likewise.
+    folder = tmp_path / "model"
+    with pytest.raises(FileExistsError, match=r"model was written by another run while this one worked"):
+        with atomic_output_dir(str(folder)) as staging:
+            pathlib.Path(staging, "config.json").write_text("mine")
+            folder.mkdir()
+            (folder / "config.json").write_text("theirs")
+    assert (folder / "config.json").read_text() == "theirs"
+    assert sorted(os.listdir(tmp_path)) == ["model", "out.h5"]
+
+
+def test_two_embed_runs_to_one_new_output_one_wins_the_other_says_so(converted_dir, tmp_path):
+    (tmp_path / "in.txt").write_text("".join(f"Sentence number {i} of the input .\n" for i in range(400)))
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "hf_elmo.cli", "embed", str(tmp_path / "in.txt"), str(tmp_path / "out.h5"),
+               "--model", str(converted_dir), "--no-progress"]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]
+    results = [(run.wait(timeout=300), run.stderr.read()) for run in runs]
+    assert sorted(code for code, _ in results) == [0, 2]
+    loser = next(err for code, err in results if code == 2)
+    assert ("was written by another run while this one worked; it is kept" in loser
+            or "already exists; pass overwrite=True (--overwrite)" in loser), loser
+    with h5py.File(tmp_path / "out.h5") as out:
+        assert out.attrs["num_lines"] == 400
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.h5"]
