@@ -84,8 +84,18 @@ def from_pretrained_checked(load, *args, **kwargs):
     `load(*args, **kwargs)` (a `from_pretrained`) followed by `check_loaded_model`. Returns what `load` returns: the
     model, or `(model, loading_info)` when the caller asked for the loading info.
     """
+    import pickle
+
     source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
     wants_info = kwargs.pop("output_loading_info", False)
-    model, loading_info = load(*args, output_loading_info=True, **kwargs)
+    try:
+        model, loading_info = load(*args, output_loading_info=True, **kwargs)
+    except pickle.UnpicklingError:
+        # torch.load(weights_only=True) refused a pickle holding more than tensors: say so in one line.
+        raise WeightCheckError(
+            f"{source}: its weights are a pickle (pytorch_model.bin) that holds more than tensors, and loading it "
+            "would mean unpickling it, which can run any code in the file; it is refused. Get the model as "
+            "safetensors (model.safetensors) from a source you trust."
+        ) from None
     check_loaded_model(model, loading_info, str(source))
     return (model, loading_info) if wants_info else model

@@ -580,3 +580,32 @@ def test_two_embed_runs_to_one_new_output_one_wins_the_other_says_so(converted_d
     with h5py.File(tmp_path / "out.h5") as out:
         assert out.attrs["num_lines"] == 400
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.h5"]
+
+
+class _Payload:
+    """A pickle that runs code when loaded: it creates the folder `path`."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.makedirs, (self.path,))
+
+
+def test_a_pickled_checkpoint_is_refused_in_one_line(converted_dir, tmp_path, capsys):
+    folder = tmp_path / "pickled"
+    folder.mkdir()
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
+        shutil.copy(converted_dir / name, folder / name)
+    torch.save({"weights": _Payload(str(tmp_path / "ran"))}, folder / "pytorch_model.bin")
+    (tmp_path / "in.txt").write_text("Hello world .\n")
+    expected = (
+        f"error: {folder}: its weights are a pickle (pytorch_model.bin) that holds more than tensors, and loading it "
+        "would mean unpickling it, which can run any code in the file; it is refused. Get the model as safetensors "
+        "(model.safetensors) from a source you trust."
+    )
+    assert main(["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.h5"), "--model", str(folder)]) == 2
+    assert error_line(capsys) == expected
+    assert main(["convert", "--to-bilm-tf", str(folder), "--output", str(tmp_path / "exported")]) == 2
+    assert error_line(capsys) == expected
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "pickled"]  # the payload never ran; no output
