@@ -75,6 +75,18 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed by this run, with the reason."""
 
 
+class DataPipelineError(RuntimeError):
+    """The DataLoader workers stopped delivering batches."""
+
+
+def _latest_intact(output_dir: str) -> str:
+    """What `--resume` would continue from, in words, for error messages that stop a run."""
+    checkpoint = latest_checkpoint(output_dir)
+    if checkpoint is None:
+        return "No checkpoint was written yet."
+    return f"{checkpoint} is intact: --resume continues from it."
+
+
 @dataclasses.dataclass
 class TrainingProgress:
     """What a checkpoint needs besides model, optimizer, scheduler, RNG and data position."""
@@ -120,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="DataLoader worker processes per training process that read the corpus and build the "
                       "batches while the model trains; 0 = build them in the training process. The batches are "
                       "the same whatever the number (default: %(default)s).")
+    data.add_argument("--data-timeout", type=float, default=600.0,
+                      help="with --num-workers > 0: stop with an error when the workers deliver no batch for this "
+                      "many seconds, instead of waiting forever for a worker that cannot hand its batch over (a small "
+                      "/dev/shm, a file-size limit); 0 = wait forever (default: %(default)s).")
 
     vocab = parser.add_argument_group("word vocabulary (the softmax targets)")
     vocab.add_argument("--vocab", default=None,
@@ -208,8 +224,10 @@ def check_args(args, parser) -> None:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.vocab and args.build_vocab:
         parser.error("--vocab and --build-vocab are exclusive: use a vocabulary file, or build one")
-    if args.num_softmax_samples < 0 or args.warmup_steps < 0 or args.max_grad_norm < 0 or args.num_workers < 0:
-        parser.error("--num-softmax-samples, --warmup-steps, --max-grad-norm and --num-workers must be >= 0")
+    if (args.num_softmax_samples < 0 or args.warmup_steps < 0 or args.max_grad_norm < 0 or args.num_workers < 0
+            or not args.data_timeout >= 0):
+        parser.error("--num-softmax-samples, --warmup-steps, --max-grad-norm, --num-workers and --data-timeout must "
+                     "be >= 0")
     if not args.loss_scale > 0 or not math.isfinite(args.loss_scale):
         parser.error(f"--loss-scale must be a positive number, got {args.loss_scale}")
     if not 0 <= args.dropout < 1:
@@ -237,7 +255,8 @@ def main(argv=None) -> int:
 
     try:
         train(args)
-    except (CorpusError, BilmTfFormatError, FileNotFoundError, FileExistsError, TrainingDiverged, CheckpointError) as error:
+    except (CorpusError, BilmTfFormatError, FileNotFoundError, FileExistsError, TrainingDiverged, CheckpointError,
+            DataPipelineError) as error:
         logger.error("%s", error)
         return 1
     return 0
@@ -537,6 +556,7 @@ def train(args) -> dict:
     loader = torch.utils.data.DataLoader(
         PretrainingBatches(stream_settings, batch_encoder, start=stream.state_dict()), batch_size=None,
         num_workers=args.num_workers, prefetch_factor=4 if args.num_workers else None,
+        timeout=args.data_timeout if args.num_workers else 0,
         pin_memory=accelerator.device.type == "cuda", generator=torch.Generator(),
     )
     batches = iter(loader)
@@ -546,7 +566,19 @@ def train(args) -> dict:
                        accelerator.device)
 
     def next_batch() -> tuple[dict, int]:
-        item = next(batches)
+        try:
+            item = next(batches)
+        except RuntimeError as error:
+            # A worker that cannot pass its batch through shared memory may neither deliver nor die.
+            if "DataLoader timed out" not in str(error) and "exited unexpectedly" not in str(error):
+                raise
+            raise DataPipelineError(
+                f"the {args.num_workers} DataLoader worker(s) delivered no batch "
+                + (f"in {args.data_timeout:g} s" if "timed out" in str(error) else "(a worker died)")
+                + ": a worker cannot hand its batches over through shared memory (a small /dev/shm, such as "
+                "Docker's 64 MB default, or a file-size limit) or is stuck. Rerun with --num-workers 0, or give the "
+                f"process more shared memory (docker run --shm-size 2g). {_latest_intact(args.output_dir)}"
+            ) from None
         if "error" in item:
             raise CorpusError(item["error"])
         stream.set_position(item.pop("stream_position"))

@@ -591,6 +591,29 @@ def test_a_kill_during_the_final_save_leaves_no_partial_model(corpus, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ multi-process
+WORKERS_CANNOT_SHARE_MEMORY = """
+import resource, sys
+# Big enough for vocab.txt and training_args.json, too small for a batch handed over through shared memory.
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+from hf_elmo.pretraining import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_workers_that_cannot_deliver_a_batch_stop_the_run_instead_of_hanging(corpus, tmp_path):
+    # A worker whose shared-memory hand-over fails (small /dev/shm, a file-size limit) neither delivers nor dies:
+    # without a DataLoader timeout the training process waited forever.
+    options = common_args(corpus, tmp_path / "run", "--build-vocab", "--max-vocab-size", "2000", "--max-steps", "3",
+                          "--batch-size", "64", "--num-workers", "1", "--report-to", "none", "--data-timeout", "5")
+    result = subprocess.run([sys.executable, "-c", WORKERS_CANNOT_SHARE_MEMORY, *options], capture_output=True,
+                            text=True, env=_env(), timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert ("ERROR hf_elmo.pretraining: the 1 DataLoader worker(s) delivered no batch in 5 s: a worker cannot hand "
+            "its batches over through shared memory (a small /dev/shm, such as Docker's 64 MB default, or a "
+            "file-size limit) or is stuck. Rerun with --num-workers 0, or give the process more shared memory "
+            "(docker run --shm-size 2g). No checkpoint was written yet.") in result.stderr
+
+
 def _env():
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1",
            "ACCELERATE_USE_CPU": "1", "CUDA_VISIBLE_DEVICES": ""}  # CPU processes, also on a machine with a GPU
