@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=EMBED_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    embed.add_argument("input", metavar="INPUT", help="text file, UTF-8, one sentence per line.")
+    embed.add_argument("input", metavar="INPUT", help="text file, UTF-8, one sentence per line; - reads standard "
+                       "input (a file named - is ./-).")
     embed.add_argument("output", metavar="OUTPUT", help="HDF5 file to write.")
     embed.add_argument("--model", required=True, metavar="DIR",
                        help="ELMo folder (from hf-elmo convert or save_pretrained) or Hub repo id owner/name. A name "

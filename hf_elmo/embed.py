@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -100,8 +101,20 @@ def count_lines(path: str) -> int:
     return count + (last != b"\n")
 
 
+# The input name that means standard input, as for other Unix commands (a file named "-" is "./-").
+STDIN = "-"
+STDIN_NAME = "<stdin>"
+
+
+def input_name(path: str) -> str:
+    """How messages name the input."""
+    return STDIN_NAME if path == STDIN else path
+
+
 def check_input(path: str) -> None:
     """`open_input`'s errors, found without opening the input: a named pipe can be read only by one opening."""
+    if path == STDIN:
+        return
     if os.path.isdir(path):
         raise EmbedInputError(f"{path}: is a directory, expected a text file (one sentence per line).")
     if not os.path.exists(path):
@@ -109,8 +122,10 @@ def check_input(path: str) -> None:
 
 
 def open_input(path: str):
-    """The input file opened for `read_lines`, with a clear error when it cannot be."""
+    """The input file (or standard input, `-`) opened for `read_lines`, with a clear error when it cannot be."""
     check_input(path)
+    if path == STDIN:
+        return sys.stdin.buffer
     try:
         return open(path, "rb")
     except FileNotFoundError:  # removed since the check
@@ -205,8 +220,8 @@ def embed_file(
     output_path = os.path.abspath(output_path)
     check_replaceable_file(output_path, overwrite, inputs=[input_path])
     handle = open_input(input_path)
-    total = count_lines(input_path) if os.path.isfile(input_path) else None
-    lines = read_lines(handle, input_path)
+    total = count_lines(input_path) if input_path != STDIN and os.path.isfile(input_path) else None
+    lines = read_lines(handle, input_name(input_path))
     config = model.config
     dtype = np.float16 if float16 else np.float32
     device = next(model.parameters()).device
@@ -232,8 +247,8 @@ def embed_file(
                     summary.num_words += len(words)
                     if not words:
                         if summary.note("empty", number):
-                            logger.warning("%s, line %d: no words; stored as the empty dataset %r", input_path,
-                                           number, key)
+                            logger.warning("%s, line %d: no words; stored as the empty dataset %r",
+                                           input_name(input_path), number, key)
                         continue
                     starts = list(range(0, len(words), max_words))
                     if len(starts) > 1:
@@ -242,7 +257,7 @@ def embed_file(
                             logger.warning(
                                 "%s, line %d: %d words, more than max_words=%d; embedded as %d independent "
                                 "pieces (context does not cross a piece boundary)",
-                                input_path, number, len(words), max_words, len(starts),
+                                input_name(input_path), number, len(words), max_words, len(starts),
                             )
                     pieces += [_Piece(key, s, words[s : s + max_words]) for s in starts]
                 # Sort by length (stable, so the batching is a function of the input only) to limit padding.
@@ -262,7 +277,7 @@ def embed_file(
                     "tokenized": tokenized,
                     "max_words": max_words,
                     "model": model_name or str(getattr(config, "_name_or_path", "")),
-                    "input": os.path.abspath(input_path),
+                    "input": STDIN_NAME if input_path == STDIN else os.path.abspath(input_path),
                     "empty_lines": summary.empty_lines,
                     "split_lines": summary.split_lines,
                 }

@@ -609,3 +609,26 @@ def test_a_pickled_checkpoint_is_refused_in_one_line(converted_dir, tmp_path, ca
     assert main(["convert", "--to-bilm-tf", str(folder), "--output", str(tmp_path / "exported")]) == 2
     assert error_line(capsys) == expected
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "pickled"]  # the payload never ran; no output
+
+
+def test_embed_reads_standard_input_for_a_dash(converted_dir, tmp_path):
+    text = "Hello world .\n\nA second line\n"
+    (tmp_path / "in.txt").write_text(text)
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1"}
+    base = [sys.executable, "-m", "hf_elmo.cli", "embed", "--model", str(converted_dir), "--no-progress"]
+    piped = subprocess.run([*base, "-", str(tmp_path / "piped.h5")], input=text, capture_output=True, text=True,
+                           env=env, cwd=tmp_path)
+    assert piped.returncode == 0, piped.stderr
+    assert "<stdin>, line 2: no words" in piped.stderr
+    assert main(["embed", str(tmp_path / "in.txt"), str(tmp_path / "file.h5"), "--model", str(converted_dir),
+                 "--no-progress"]) == 0
+    with h5py.File(tmp_path / "piped.h5") as a, h5py.File(tmp_path / "file.h5") as b:
+        assert sorted(a) == sorted(b) == ["0", "1", "2"]
+        assert all((a[key][()] == b[key][()]).all() for key in a)
+        assert a.attrs["input"] == "<stdin>"
+    # Bad bytes on standard input are named as such.
+    bad = subprocess.run([*base, "-", str(tmp_path / "bad.h5")], input=b"ok\n\xff\n", capture_output=True, env=env,
+                         cwd=tmp_path)
+    assert bad.returncode == 2
+    assert bad.stderr.decode().strip().splitlines()[-1] == "error: <stdin>, line 2: not UTF-8 text (byte 0: b'\\xff\\n')."
+    assert not os.path.exists(tmp_path / "bad.h5")
