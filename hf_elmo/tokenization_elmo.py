@@ -50,9 +50,12 @@ VOCAB_FILES_NAMES = {"vocab_file": VOCAB_FILE_NAME}
 #   dotted abbreviations (U.S., e.g.), numbers with inner separators (3.50, 1,000, 10:30),
 #   words and hyphenated words (e-mail, well-known),
 #   punctuation marks (a run of the same mark stays one word: "...", "--", "!!").
-# Everything else (emoji, symbols) stays with its neighbours as one word, as in BERT's splitter.
+# Everything else (emoji, symbols) stays with its neighbours as one word, as in BERT's splitter. The invisible
+# characters that belong inside a word (soft hyphen, ZWNJ, word joiner, zero-width no-break space, and ZWJ next to a
+# letter or mark, not between the emoji it joins) count as word characters; `_DROPPED_FORMAT` below then removes
+# those that change no letter.
 # ---------------------------------------------------------------------------------------------
-_W = r"[\p{L}\p{M}\p{N}]"
+_W = r"(?:[\p{L}\p{M}\p{N}\x{00AD}\x{200C}\x{2060}\x{FEFF}]|(?<=[\p{L}\p{M}])\x{200D}|\x{200D}(?=[\p{L}\p{M}]))"
 _APOSTROPHE = r"['\x{2019}]"
 _PUNCT = r"[\p{P}\x{21}-\x{2F}\x{3A}-\x{40}\x{5B}-\x{60}\x{7B}-\x{7E}]"  # Unicode P* + ASCII non-alnum
 _PTB_PATTERN = "|".join(
@@ -100,6 +103,12 @@ def _called_from_stock_token_pipeline(max_depth: int = 12) -> bool:
 
 PRE_TOKENIZER_STYLES = ("ptb", "bert", "whitespace")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Invisible format characters in raw text. A zero-width space separates words, as a space does. A byte-order mark
+# (zero-width no-break space), word joiner, invisible operators, soft hyphen and direction marks or embeddings are
+# dropped from the words (a word of nothing else is no word): they change no word's letters. ZWJ and ZWNJ stay, since
+# they change how a word is written (Persian, Indic scripts, emoji sequences). Words given already split are kept.
+_SEPARATING_FORMAT = re.compile("\u200b")
+_DROPPED_FORMAT = re.compile("[\u00ad\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
 
 
 def _build_word_splitter(style: str):
@@ -475,8 +484,14 @@ class ElmoTokenizer(PreTrainedTokenizer):
         # replaced by one letter for splitting only, which keeps the offsets and keeps it inside its
         # word; the words are read back from the original string, and encoding drops the surrogate.
         safe = _SURROGATE.sub("x", text) if _SURROGATE.search(text) else text
-        spans = [span for _, span in self._word_splitter.pre_tokenize_str(safe)]
-        return [text[start:end] for start, end in spans], spans
+        safe = _SEPARATING_FORMAT.sub(" ", safe)  # one character for one: the offsets stay those of `text`
+        words, spans = [], []
+        for _, (start, end) in self._word_splitter.pre_tokenize_str(safe):
+            word = _DROPPED_FORMAT.sub("", text[start:end])
+            if word:
+                words.append(word)
+                spans.append((start, end))
+        return words, spans
 
     def tokenize(self, text: str, **kwargs) -> list[str]:
         """The words of `text` (a list of str); no special tokens, no lowercasing."""

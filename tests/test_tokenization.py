@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding
 
+from hf_elmo.configuration_elmo import char_ids_to_word
 from hf_elmo.tokenization_elmo import ElmoTokenizer
 
 
@@ -438,3 +439,27 @@ def test_one_set_of_vocabulary_rules_for_tokenizer_and_converter(tmp_path):
     assert read_vocab(path) == expected
     assert bilm_tf.read_vocab(str(path)) == expected
     assert ElmoTokenizer(vocab_file=path).word_vocab == expected
+
+
+@pytest.mark.parametrize("style", ["ptb", "bert", "whitespace"])
+def test_invisible_format_characters_separate_or_vanish_in_raw_text(style):
+    tokenizer = ElmoTokenizer(pre_tokenizer=style)
+    # A zero-width space separates words; a byte-order mark, word joiner, soft hyphen or direction mark is dropped
+    # (and is no word by itself); ZWJ and ZWNJ stay inside their word. Offsets still point into the input.
+    cases = {
+        "Hello\u200bworld": (["Hello", "world"], [(0, 5), (6, 11)]),
+        "Hello \ufeff world": (["Hello", "world"], [(0, 5), (8, 13)]),
+        "\ufeffStart now": (["Start", "now"], [(0, 6), (7, 10)]),
+        "co\u00adoperate": (["cooperate"], [(0, 10)]),
+        "x\u2060y \u200e": (["xy"], [(0, 3)]),
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645": (["\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"], [(0, 8)]),
+        "\U0001f469\u200d\U0001f4bb": (["\U0001f469\u200d\U0001f4bb"], [(0, 3)]),
+        "\u0d28\u0d4d\u200d": (["\u0d28\u0d4d\u200d"], [(0, 3)]),
+    }
+    for text, (words, spans) in cases.items():
+        assert tokenizer.tokenize(text) == words, (style, text)
+        assert [tuple(s) for s in tokenizer(text, return_offsets_mapping=True)["offset_mapping"]] == spans, text
+    # Words given already split are taken as they are.
+    given = tokenizer([["Hello\u200bworld"]], is_split_into_words=True)["input_ids"][0][0]
+    assert given == tokenizer._char_row("Hello\u200bworld")
+    assert char_ids_to_word(given) == "Hello\u200bworld"
