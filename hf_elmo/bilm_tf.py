@@ -16,6 +16,7 @@ import torch
 
 from .configuration_elmo import N_CHARACTERS, ElmoConfig
 from . import vocabulary
+from .safe_output import check_room
 
 
 logger = logging.getLogger(__name__)
@@ -241,6 +242,8 @@ def write_weights(path: str, state_dict: dict[str, torch.Tensor], config: ElmoCo
         if array.shape != shape:
             raise BilmTfFormatError(f"state dict key '{key}' gives shape {array.shape} for '{dataset}', expected {shape}.")
         datasets[dataset] = array
+    # HDF5 crashes (it does not raise) when the disk fills or a file-size limit is reached mid-write: check first.
+    check_room(path, sum(array.size * 4 for array in datasets.values()) + (1 << 20))
     with h5py.File(path, "w") as handle:
         for dataset, array in datasets.items():
             handle.create_dataset(dataset, data=np.ascontiguousarray(array, dtype=np.float32))

@@ -33,7 +33,6 @@ Rules:
 import json
 import logging
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
 from itertools import islice
@@ -43,7 +42,7 @@ import torch
 
 from .model_source import resolve_model
 from .modeling_elmo import ElmoModel
-from .safe_output import OutputError, atomic_output_file, check_replaceable_file
+from .safe_output import OutputError, atomic_output_file, check_replaceable_file, room_for
 from .tokenization_elmo import ElmoTokenizer
 
 
@@ -300,16 +299,7 @@ def _check_space(partial: str, output_path: str, lines, layers: str, config, dty
     per_word = (config.num_lstm_layers + 1 if layers == "all" else 1) * config.hidden_size * np.dtype(dtype).itemsize
     # Vectors, plus the text and word attributes and a generous allowance for HDF5's own structures per dataset.
     needed = sum(len(words) * per_word + 2 * len(text.encode()) + 4096 for _, text, words in lines) + (1 << 20)
-    written = os.path.getsize(partial) if os.path.exists(partial) else 0
-    free = shutil.disk_usage(os.path.dirname(partial)).free
-    try:
-        import resource
-    except ImportError:  # Windows: no per-process file-size limit
-        resource = None
-    if resource is not None:
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        if limit != resource.RLIM_INFINITY:
-            free = min(free, limit - written)
+    free = room_for(partial, written=os.path.getsize(partial) if os.path.exists(partial) else 0)
     if needed > free:
         first, last = lines[0][0], lines[-1][0]
         raise OutputError(

@@ -5,7 +5,6 @@ projection) -> `ElmoBiLstm` (stacked `ElmoLstmLayer`s per direction) -> `ElmoMod
 """
 
 import contextlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 

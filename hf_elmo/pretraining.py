@@ -41,7 +41,7 @@ import time
 import numpy as np
 import torch
 
-from .safe_output import atomic_files_into, remove_stale_file_staging, write_json_atomic
+from .safe_output import OutputError, atomic_files_into, no_room_error, remove_stale_file_staging, write_json_atomic
 
 
 # Named explicitly: under `python -m hf_elmo.pretraining` __name__ is "__main__".
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
     try:
         train(args)
     except (CorpusError, BilmTfFormatError, FileNotFoundError, FileExistsError, TrainingDiverged, CheckpointError,
-            DataPipelineError) as error:
+            DataPipelineError, OutputError) as error:
         logger.error("%s", error)
         return 1
     return 0
@@ -681,8 +681,11 @@ def train(args) -> dict:
     unwrapped = accelerator.unwrap_model(model)
     state_dict = accelerator.get_state_dict(model)
     if main_process:
-        _save_final(args.output_dir, unwrapped, state_dict, tokenizer,
-                    {"step": progress.step, "tokens_seen": progress.tokens, **scores})
+        try:
+            _save_final(args.output_dir, unwrapped, state_dict, tokenizer,
+                        {"step": progress.step, "tokens_seen": progress.tokens, **scores})
+        except OutputError as error:
+            raise CheckpointError(f"{error} {_latest_intact(args.output_dir)}") from None
         logger.info("Saved the final model to %s", args.output_dir)
     accelerator.wait_for_everyone()
     accelerator.end_training()
@@ -863,14 +866,22 @@ def _save_checkpoint(accelerator, model, optimizer, output_dir: str, step: int, 
         os.makedirs(staging)
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(model)
-    if accelerator.is_main_process:
-        # Data-parallel replicas hold the same model and optimizer state: one copy is written.
-        accelerator.unwrap_model(model).save_pretrained(staging, state_dict=state_dict)
-        torch.save(optimizer.state_dict(), os.path.join(staging, OPTIMIZER_FILE))
-        write_json_atomic(os.path.join(staging, TRAINING_STATE_FILE), training_state, indent=1)
-    # Generators differ between processes (seeded per process): each writes its own.
-    rng_file = os.path.join(staging, RNG_STATE_FILE.format(rank=accelerator.process_index))
-    write_json_atomic(rng_file, _rng_state(accelerator.device), indent=1)
+    try:
+        if accelerator.is_main_process:
+            # Data-parallel replicas hold the same model and optimizer state: one copy is written.
+            accelerator.unwrap_model(model).save_pretrained(staging, state_dict=state_dict)
+            torch.save(optimizer.state_dict(), os.path.join(staging, OPTIMIZER_FILE))
+            write_json_atomic(os.path.join(staging, TRAINING_STATE_FILE), training_state, indent=1)
+        # Generators differ between processes (seeded per process): each writes its own.
+        rng_file = os.path.join(staging, RNG_STATE_FILE.format(rank=accelerator.process_index))
+        write_json_atomic(rng_file, _rng_state(accelerator.device), indent=1)
+    except Exception as error:
+        # A full disk shows as safetensors', torch's or our own error: one line, and no half checkpoint left.
+        no_room = no_room_error(error, final)
+        if no_room is None:
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointError(f"{no_room} {_latest_intact(output_dir)}") from None
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if os.path.exists(final):

@@ -29,6 +29,7 @@ from huggingface_hub.utils import validate_repo_id
 from . import modeling_elmo
 from .configuration_elmo import ElmoConfig
 from .model_card import elmo_model_card
+from .safe_output import no_room_error
 from .tokenization_elmo import ElmoTokenizer
 from .weight_checks import WeightCheckError
 
@@ -257,6 +258,9 @@ def publish(
             raise PublishError(f"Offline mode is enabled (HF_HUB_OFFLINE): {error}") from None
         shutil.rmtree(staging, ignore_errors=True)
         return prepared, commit
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        no_room = no_room_error(error, staging)
+        if no_room is not None:
+            raise PublishError(f"{no_room} (publish prepares the upload there: set TMPDIR to a folder with room)") from None
         raise

@@ -17,6 +17,7 @@
 """
 
 import contextlib
+import errno
 import glob
 import json
 import logging
@@ -42,6 +43,67 @@ def os_error_line(error: OSError) -> str:
         return " ".join(str(error).split())
     where = error.filename if error.filename is not None else "output"
     return f"cannot write {where}: {error.strerror}."
+
+
+# How libraries report a write that found the disk full, the quota spent or a file-size limit reached: an OSError
+# with one of these errno values, or text (safetensors' Rust IoError, torch's zip writer's short write).
+_NO_ROOM_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_NO_ROOM_TEXT = re.compile(r"No space left|File too large|Disk quota|os error 2[78]\b|code: 2[78]\b|unexpected pos")
+
+
+class NoRoom(OSError):
+    """Raised before a write that `room_for` says cannot fit; `needed` bytes."""
+
+    def __init__(self, needed: int):
+        super().__init__(errno.ENOSPC, f"about {needed / 1e6:.1f} MB needed")
+        self.needed = needed
+
+
+def _file_size_limit() -> int | None:
+    try:
+        import resource
+    except ImportError:  # Windows: no per-process file-size limit
+        return None
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if limit == resource.RLIM_INFINITY else limit
+
+
+def room_for(path: str, written: int = 0) -> int:
+    """Bytes that can still go into the file `path`: its disk's free space, and the file-size limit less `written`."""
+    free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    limit = _file_size_limit()
+    return free if limit is None else min(free, limit - written)
+
+
+def check_room(path: str, needed: int) -> None:
+    """Raise `NoRoom` unless `needed` bytes fit into the new file `path`: for writers (HDF5) that crash instead of
+    raising when the disk fills."""
+    if needed > room_for(path):
+        raise NoRoom(needed)
+
+
+def no_room_error(error: BaseException, output: str) -> "OutputError | None":
+    """
+    One line for a write to `output` that failed for lack of room (the disk full, a quota, a file-size limit), with
+    the space left on its disk and the file-size limit in force; None when `error` is another failure.
+    """
+    reported = getattr(error, "errno", None) in _NO_ROOM_ERRNOS or _NO_ROOM_TEXT.search(str(error))
+    if not reported:
+        return None
+    folder = output if os.path.isdir(output) else os.path.dirname(os.path.abspath(output))
+    try:
+        room = f"{shutil.disk_usage(folder).free / 2**20:,.0f} MiB free on its disk"
+    except OSError:
+        room = "free space unknown"
+    limit = _file_size_limit()
+    if limit is not None:
+        room += f", file-size limit {limit:,} bytes (ulimit -f)"
+    if isinstance(error, NoRoom):
+        room = f"about {error.needed / 2**20:,.1f} MiB needed, {room}"
+    return OutputError(
+        f"cannot write {output}: the disk is full or a file-size limit was reached ({room}); nothing half-written "
+        "was left. Free some space, or write elsewhere."
+    )
 
 
 def pid_alive(pid: int) -> bool:
@@ -194,12 +256,15 @@ def atomic_output_dir(output_dir: str, overwrite: bool = False, inputs=()):
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 _rename_without_replacing(staging, output_dir)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
         if old is not None and os.path.isdir(os.path.join(old, "previous")) and not os.path.lexists(output_dir):
             os.replace(os.path.join(old, "previous"), output_dir)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+        no_room = no_room_error(error, output_dir)
+        if no_room is not None:
+            raise no_room from None
         raise
 
 
@@ -311,9 +376,12 @@ def atomic_output_file(output_path, replace: bool = True):
             os.replace(partial, output_path)
         else:
             _link_without_replacing(partial, output_path)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(FileNotFoundError):
             os.remove(partial)
+        no_room = no_room_error(error, output_path)
+        if no_room is not None:
+            raise no_room from None
         raise
 
 
@@ -352,8 +420,11 @@ def atomic_files_into(output_dir, last=()):
         for name in sorted(os.listdir(staging), key=lambda name: (rank(name), name)):
             os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
         os.rmdir(staging)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        no_room = no_room_error(error, output_dir)
+        if no_room is not None:
+            raise no_room from None
         raise
 
 

@@ -600,6 +600,43 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+FULL_DISK_AT_SECOND_CHECKPOINT = """
+import os, resource, sys
+
+def arm(event, args):
+    # From the second checkpoint on, files may not grow past 64 KiB: the disk is "full" (Python ignores SIGXFSZ, so
+    # a write fails with EFBIG, as on a full disk with ENOSPC).
+    if event == "open" and "checkpoint-4" in str(args[0]):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+
+sys.addaudithook(arm)
+from hf_elmo.pretraining import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_naming_the_intact_one(corpus, tmp_path):
+    output = tmp_path / "run"
+    options = common_args(corpus, output, "--build-vocab", "--max-steps", "6", "--save-steps", "2",
+                          "--batch-size", "4", "--num-workers", "0", "--report-to", "none")
+    result = subprocess.run([sys.executable, "-c", FULL_DISK_AT_SECOND_CHECKPOINT, *options], capture_output=True,
+                            text=True, env=_env(), timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in result.stderr
+    assert re.search(
+        rf"ERROR hf_elmo\.pretraining: cannot write {re.escape(str(output))}/checkpoint-4: the disk is full or a "
+        r"file-size limit was reached \([\d,]+ MiB free on its disk, file-size limit 65,536 bytes \(ulimit -f\)\); "
+        rf"nothing half-written was left\. Free some space, or write elsewhere\. {re.escape(str(output))}/checkpoint-2 "
+        r"is intact: --resume continues from it\.$",
+        errors[0],
+    ), errors[0]
+    assert sorted(name for name in os.listdir(output) if name.startswith("checkpoint")) == ["checkpoint-2"]
+    # With room again, --resume continues from it and finishes.
+    assert pretrain_main([*options, "--resume"]) == 0
+    assert json.loads((output / "eval_results.json").read_text())["step"] == 6
+
+
 def test_workers_that_cannot_deliver_a_batch_stop_the_run_instead_of_hanging(corpus, tmp_path):
     # A worker whose shared-memory hand-over fails (small /dev/shm, a file-size limit) neither delivers nor dies:
     # without a DataLoader timeout the training process waited forever.

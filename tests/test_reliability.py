@@ -632,3 +632,38 @@ def test_embed_reads_standard_input_for_a_dash(converted_dir, tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.decode().strip().splitlines()[-1] == "error: <stdin>, line 2: not UTF-8 text (byte 0: b'\\xff\\n')."
     assert not os.path.exists(tmp_path / "bad.h5")
+
+
+WITH_FILE_SIZE_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))  # as a full disk: a write fails (Python ignores SIGXFSZ)
+from hf_elmo.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_full_disk_is_one_line_for_every_writer(elmo_fixture, converted_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    commands = {
+        # safetensors raised its own error with a 33-line traceback
+        tmp_path / "converted": convert_args(elmo_fixture, tmp_path / "converted"),
+        # HDF5 crashed (segmentation fault) on a failed write: the space is checked before writing
+        tmp_path / "exported": ["convert", "--to-bilm-tf", str(converted_dir), "--output", str(tmp_path / "exported")],
+    }
+    for output, command in commands.items():
+        result = subprocess.run([sys.executable, "-c", WITH_FILE_SIZE_LIMIT, *command], capture_output=True, text=True,
+                                env=env, cwd=tmp_path, timeout=300)
+        lines = [line for line in result.stderr.splitlines() if line.strip() and "%|" not in line]
+        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        assert lines[0].startswith(f"error: cannot write {output}: the disk is full or a file-size limit was reached (")
+        assert "file-size limit 65,536 bytes (ulimit -f)); nothing half-written was left." in lines[0]
+    result = subprocess.run(
+        [sys.executable, "-c", WITH_FILE_SIZE_LIMIT, "publish", str(converted_dir), "--repo-id", "someone/elmo",
+         "--dry-run"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and "%|" not in line]
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: cannot write {tmp_path / 'tmp'}/hf-elmo-publish-")
+    assert lines[0].endswith("(publish prepares the upload there: set TMPDIR to a folder with room)")
+    # Nothing left behind: no output, no staging folder, no partial file.
+    assert sorted(os.listdir(tmp_path)) == ["tmp"] and os.listdir(tmp_path / "tmp") == []
