@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 
-from hf_elmo.cli import handle_sigterm, run_reporting_errors
+from hf_elmo.cli import ERROR_EXIT, handle_sigterm, run_reporting_errors
 from hf_elmo.convert import convert_hf_to_bilm_tf
 
 
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not os.path.isfile(os.path.join(args.model_dir, "config.json")):
         print(f"error: {args.model_dir} is not an hf_elmo model folder (no config.json).", file=sys.stderr)
-        return 2
+        return ERROR_EXIT
     handle_sigterm()
     return run_reporting_errors(lambda: _export(args), "exporting")
 

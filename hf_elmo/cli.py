@@ -51,6 +51,10 @@ sub-folders are left out (listed with --dry-run). Log in first with `hf auth log
 """
 
 PRETRAIN_HELP = "pretrain an ELMo biLM with Accelerate (options: hf-elmo pretrain --help)"
+# Errors: one `error: ...` line and exit status 1 (usage errors: the command's usage and 2, as argparse does); with
+# this variable set to 1 (or --debug), the traceback instead.
+DEBUG_VARIABLE = "HF_ELMO_DEBUG"
+ERROR_EXIT = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hf-elmo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages too.")
+    parser.add_argument("--debug", action="store_true",
+                        help=f"on an error, show the traceback instead of one line (also {DEBUG_VARIABLE}=1).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.command_parsers = commands.choices  # each command's own parser, for its own usage line
 
     convert = commands.add_parser(
         "convert",
@@ -210,7 +217,7 @@ def _run_pretrain(argv: list[str]) -> int:
             raise
         print("error: pretraining is not available in this version of hf_elmo (no hf_elmo.pretraining).",
               file=sys.stderr)
-        return 2
+        return ERROR_EXIT
     return pretrain_main(argv) or 0
 
 
@@ -225,10 +232,21 @@ def handle_sigterm() -> None:
         signal.signal(signal.SIGTERM, _interrupt)
 
 
+def debugging() -> bool:
+    return os.environ.get(DEBUG_VARIABLE, "") not in ("", "0")
+
+
+def report_error(error: BaseException) -> int:
+    """The one line every command prints for a failure it expects; the exit status."""
+    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+    return ERROR_EXIT
+
+
 def run_reporting_errors(run, what: str) -> int:
     """
-    `run()`, with every expected failure turned into one `error: ...` line on stderr and exit status 2 (130 for an
-    interrupt): bad input files, outputs that may not be written, bad weights, Hub errors and timeouts.
+    `run()`, with every expected failure turned into one `error: ...` line on stderr and exit status 1 (130 for an
+    interrupt): bad input files, outputs that may not be written, bad weights, Hub errors and timeouts. With
+    HF_ELMO_DEBUG=1 (`hf-elmo --debug`) they raise, with their traceback.
     """
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -245,19 +263,20 @@ def run_reporting_errors(run, what: str) -> int:
     try:
         return run()
     except expected as error:
-        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+        if debugging():
+            raise
+        return report_error(error)
     except KeyboardInterrupt:
         print("interrupted; no partial output is left behind", file=sys.stderr)
         return 130
     except Exception as error:
+        if debugging():
+            raise
         timed_out = describe_timeout(error, what)
         if timed_out is not None:
-            print(f"error: {timed_out}", file=sys.stderr)
-            return 2
+            return report_error(timed_out)
         if isinstance(error, OSError):
-            print(f"error: {os_error_line(error)}", file=sys.stderr)
-            return 2
+            return report_error(os_error_line(error))
         raise
 
 
@@ -266,23 +285,35 @@ def _what(args) -> str:
         return f"fetching the model {args.model}"
     if args.command == "publish":
         return f"publishing to {args.repo_id}"
+    if args.command == "pretrain":
+        return "pretraining"
     return f"fetching the model {args.to_bilm_tf}" if getattr(args, "to_bilm_tf", None) else "converting"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    if args.command == "pretrain":
-        return _run_pretrain(rest)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
+    if args.command != "pretrain" and rest:
+        # The command's own usage, not the list of commands.
+        parser.command_parsers[args.command].error(f"unrecognized arguments: {' '.join(rest)}")
     from .hub_timeouts import enforce_hub_timeouts
 
     enforce_hub_timeouts()
     handle_sigterm()
-    return run_reporting_errors(lambda: args.run(args), _what(args))
+    previous = os.environ.get(DEBUG_VARIABLE)
+    if args.debug:  # for this call (pretraining reads it too), not for the rest of a calling process
+        os.environ[DEBUG_VARIABLE] = "1"
+    try:
+        if args.command == "pretrain":
+            return run_reporting_errors(lambda: _run_pretrain(rest), _what(args))
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                            format="%(levelname)s %(name)s: %(message)s")
+        return run_reporting_errors(lambda: args.run(args), _what(args))
+    finally:
+        if args.debug and previous is None:
+            del os.environ[DEBUG_VARIABLE]
+        elif args.debug:
+            os.environ[DEBUG_VARIABLE] = previous
 
 
 if __name__ == "__main__":

@@ -253,12 +253,15 @@ def main(argv=None) -> int:
     from .bilm_tf import BilmTfFormatError
     from .pretraining_data import CorpusError
 
+    from .cli import debugging, report_error
+
     try:
         train(args)
     except (CorpusError, BilmTfFormatError, FileNotFoundError, FileExistsError, TrainingDiverged, CheckpointError,
             DataPipelineError, OutputError) as error:
-        logger.error("%s", error)
-        return 1
+        if debugging():
+            raise
+        return report_error(error)  # the one-line convention of every hf-elmo command
     return 0
 
 

@@ -60,7 +60,7 @@ def test_pretrain_passes_every_argument_through(monkeypatch):
 
 def test_pretrain_without_the_module_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "hf_elmo.pretraining", None)  # import fails as if the file were absent
-    assert main(["pretrain", "--epochs", "1"]) == 2
+    assert main(["pretrain", "--epochs", "1"]) == 1
     assert "pretraining is not available in this version of hf_elmo" in capsys.readouterr().err
 
 
@@ -82,7 +82,7 @@ def test_convert_command_errors(elmo_fixture, tmp_path, capsys):
     assert exit_info.value.code == 2
     assert "--options and --weights are required" in capsys.readouterr().err
     assert main(["convert", "--options", str(tmp_path / "nope.json"), "--weights",
-                 str(elmo_fixture / "lm_weights.hdf5"), "--output", str(tmp_path / "x")]) == 2
+                 str(elmo_fixture / "lm_weights.hdf5"), "--output", str(tmp_path / "x")]) == 1
     assert "nope.json: options file not found." in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
@@ -236,15 +236,15 @@ def test_embed_bad_input_is_a_clear_error_and_writes_nothing(sentences, converte
     source.write_bytes(("\n".join(sentences[:9]) + "\n").encode() + b"caf\xe9 au lait\n")
     output = tmp_path / "bad.hdf5"
     assert main(["embed", str(source), str(output), "--model", str(converted_dir), "--window", "4",
-                 "--no-progress"]) == 2
+                 "--no-progress"]) == 1
     assert f"{source}, line 10: not UTF-8 text (byte 3: b'\\xe9 au')." in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["bad.txt"]  # neither the output nor a partial file
 
-    assert main(["embed", str(tmp_path / "missing.txt"), str(output), "--model", str(converted_dir)]) == 2
+    assert main(["embed", str(tmp_path / "missing.txt"), str(output), "--model", str(converted_dir)]) == 1
     assert "missing.txt: input file not found." in capsys.readouterr().err
 
     output.write_bytes(b"keep me")
-    assert main(["embed", str(source), str(output), "--model", str(converted_dir)]) == 2
+    assert main(["embed", str(source), str(output), "--model", str(converted_dir)]) == 1
     assert "already exists; pass overwrite=True (--overwrite)" in capsys.readouterr().err
     assert output.read_bytes() == b"keep me"
 
@@ -359,3 +359,28 @@ def test_embed_terminated_cleans_up(held_input, converted_dir, tmp_path):
     assert process.wait(timeout=30) == 130
     assert "interrupted; no partial output is left behind" in process.stderr.read().decode()
     assert os.listdir(tmp_path) == []
+
+
+def test_one_error_convention_usage_errors_and_debug(converted_dir, tmp_path, capsys, monkeypatch):
+    # A usage error: the command's own usage line and exit status 2.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["embed", "in.txt", "out.h5", "--model", str(converted_dir), "--layers", "top"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: hf-elmo embed ") and err.strip().endswith("unrecognized arguments: --layers top")
+    # Any other error: one line, exit status 1, pretraining included ...
+    assert main(["embed", str(tmp_path / "missing.txt"), str(tmp_path / "o.h5"), "--model", str(converted_dir)]) == 1
+    assert capsys.readouterr().err == f"error: {tmp_path / 'missing.txt'}: input file not found.\n"
+    assert main(["pretrain", "--train-files", str(tmp_path / "none-*.txt"), "--build-vocab", "--config", "small",
+                 "--max-steps", "1", "--output-dir", str(tmp_path / "run"), "--report-to", "none"]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "none-*.txt" in errors[0]
+    # ... and with --debug (or HF_ELMO_DEBUG=1) the traceback instead.
+    from hf_elmo.embed import EmbedInputError
+
+    with pytest.raises(EmbedInputError, match="input file not found"):
+        main(["--debug", "embed", str(tmp_path / "missing.txt"), str(tmp_path / "o.h5"), "--model", str(converted_dir)])
+    assert "HF_ELMO_DEBUG" not in os.environ  # for that call only
+    monkeypatch.setenv("HF_ELMO_DEBUG", "1")
+    with pytest.raises(EmbedInputError, match="input file not found"):
+        main(["embed", str(tmp_path / "missing.txt"), str(tmp_path / "o.h5"), "--model", str(converted_dir)])

@@ -178,5 +178,5 @@ def test_conversion_script_cli(elmo_fixture, tmp_path):
          str(tmp_path / "missing.hdf5"), "--output", str(tmp_path / "out")],
         capture_output=True, text=True,
     )
-    assert result.returncode == 2 and "missing.hdf5: weight file not found" in result.stderr
+    assert result.returncode == 1 and "missing.hdf5: weight file not found" in result.stderr
     assert not (tmp_path / "out").exists()

@@ -209,7 +209,7 @@ def test_publish_offline_is_a_clear_error_not_a_hang(converted_dir, tmp_path):
         [sys.executable, "-m", "hf_elmo.cli", "publish", str(converted_dir), "--repo-id", "someone/elmo"],
         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
     )
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert result.stderr.strip().endswith(
         "error: HF_HUB_OFFLINE=1 is set, so nothing can be pushed to the Hub. Unset it to publish, or pass "
         "--dry-run to prepare the folder without network."
@@ -361,7 +361,7 @@ def test_publish_never_uploads_what_a_link_outside_the_folder_points_to(converte
     shutil.copytree(converted_dir, folder)
     os.symlink(secret, folder / "notes.json")
     for arguments in (["--dry-run"], []):
-        assert main(["publish", str(folder), "--repo-id", "someone/elmo", *arguments]) == 2
+        assert main(["publish", str(folder), "--repo-id", "someone/elmo", *arguments]) == 1
         error = capsys.readouterr().err.strip()
         assert error == (
             f"error: {folder / 'notes.json'} is a link to {secret}, outside {folder}; publish never uploads a file "

@@ -48,6 +48,11 @@ TINY = {
 }
 
 
+def error_lines(capsys) -> list[str]:
+    """The `error: ...` lines printed on stderr since the last read, without the prefix."""
+    return [line[len("error: "):] for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+
+
 def tiny_config(**overrides) -> ElmoConfig:
     return ElmoConfig(**{**TINY, "vocab_size": 40, **overrides})
 
@@ -412,7 +417,7 @@ def test_init_from_converted_bilm_tf_keeps_the_encoder(converted_dir, elmo_fixtu
     assert (config["vocab_size"], config["bos_word_id"], config["eos_word_id"]) == (458, 20, 224)
 
 
-def test_nan_loss_stops_with_a_checkpoint(corpus, tmp_path, caplog):
+def test_nan_loss_stops_with_a_checkpoint(corpus, tmp_path, caplog, capsys):
     caplog.set_level(logging.INFO, logger="hf_elmo")
     output = tmp_path / "diverged"
     code = pretrain_main(common_args(
@@ -420,7 +425,7 @@ def test_nan_loss_stops_with_a_checkpoint(corpus, tmp_path, caplog):
         "--batch-size", "4", "--report-to", "none",
     ))
     assert code == 1
-    message = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"][-1]
+    message = error_lines(capsys)[-1]
     assert re.search(r"step 2: the gradient norm is (nan|inf) .*training stopped", message)
     assert "checkpoint-1 holds the model and optimizer from before this step" in message
     assert os.path.isfile(output / "checkpoint-1" / "model.safetensors")
@@ -442,21 +447,21 @@ def test_nan_loss_stops_with_a_checkpoint(corpus, tmp_path, caplog):
     assert code == 1
     assert f"Resumed from {output / 'checkpoint-1'}: step 1" in caplog.text
     assert "--learning-rate 0.001 replaces the checkpoint's 1e+30" in caplog.text
-    assert "step 2: the gradient norm is" in caplog.text
+    assert "step 2: the gradient norm is" in error_lines(capsys)[-1]
 
 
-def test_run_errors_and_empty_lines(corpus, tmp_path, caplog):
+def test_run_errors_and_empty_lines(corpus, tmp_path, caplog, capsys):
     caplog.set_level(logging.INFO, logger="hf_elmo")
     args = ["--config", str(corpus / "tiny.json"), "--max-steps", "3", "--report-to", "none"]
     assert pretrain_main(["--train-files", str(corpus / "train.txt"), "--output-dir", str(tmp_path / "a"), *args]) == 1
-    assert "no word vocabulary: pass --vocab FILE" in caplog.text
+    assert "no word vocabulary: pass --vocab FILE" in error_lines(capsys)[0]
     assert pretrain_main(["--train-files", str(corpus / "train.txt"), "--vocab", str(tmp_path / "missing.txt"),
                           "--output-dir", str(tmp_path / "b"), *args]) == 1
-    assert "--vocab: " + str(tmp_path / "missing.txt") + " does not exist" in caplog.text
+    assert "--vocab: " + str(tmp_path / "missing.txt") + " does not exist" in error_lines(capsys)[0]
     (tmp_path / "empty.txt").write_text("", encoding="utf-8")
     assert pretrain_main(["--train-files", str(tmp_path / "empty.txt"), "--build-vocab",
                           "--output-dir", str(tmp_path / "c"), *args]) == 1
-    assert "empty.txt is empty (no non-blank line)" in caplog.text
+    assert "empty.txt is empty (no non-blank line)" in error_lines(capsys)[0]
 
     # Empty lines are skipped and counted; an epoch here is 9 sentences, so 3 steps of 4 cover one.
     (tmp_path / "gappy.txt").write_text("a b\n\nc d e\n\n\nf\n" + "g h\n" * 6, encoding="utf-8")
@@ -467,7 +472,7 @@ def test_run_errors_and_empty_lines(corpus, tmp_path, caplog):
     # A finished run is not silently overwritten.
     assert pretrain_main(["--train-files", str(tmp_path / "gappy.txt"), "--build-vocab",
                           "--output-dir", str(tmp_path / "d"), *args]) == 1
-    assert "already holds a run (checkpoint-3); pass --resume" in caplog.text
+    assert "already holds a run (checkpoint-3); pass --resume" in error_lines(capsys)[0]
 
     # A finished run can be extended with --resume and a larger --max-steps; a new --learning-rate takes effect.
     extend = ["--train-files", str(tmp_path / "gappy.txt"), "--build-vocab", "--batch-size", "4",
@@ -501,7 +506,7 @@ def _reset_accelerate():
     GradientState._reset_state()
 
 
-def test_resume_refuses_another_model_vocabulary_or_optimizer(trained, corpus, tmp_path, caplog):
+def test_resume_refuses_another_model_vocabulary_or_optimizer(trained, corpus, tmp_path, caplog, capsys):
     output = tmp_path / "run"
     shutil.copytree(trained, output)
     (tmp_path / "skip.json").write_text(json.dumps({**TINY, "use_skip_connections": False}), encoding="utf-8")
@@ -517,10 +522,11 @@ def test_resume_refuses_another_model_vocabulary_or_optimizer(trained, corpus, t
             options += ["--build-vocab", "--min-count", "2"]
         if "--optimizer" not in changed:
             options += ["--optimizer", "adamw"]
+        capsys.readouterr()
         assert pretrain_main(options) == 1
         _reset_accelerate()
-        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-        assert len(errors) == 1 and "\n" not in errors[0], errors
+        errors = error_lines(capsys)
+        assert len(errors) == 1, errors
         return errors[0]
 
     checkpoint = output / "checkpoint-30"
@@ -622,10 +628,10 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_naming_the_intact_one(corpus, t
     result = subprocess.run([sys.executable, "-c", FULL_DISK_AT_SECOND_CHECKPOINT, *options], capture_output=True,
                             text=True, env=_env(), timeout=300)
     assert result.returncode == 1, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr
     assert re.search(
-        rf"ERROR hf_elmo\.pretraining: cannot write {re.escape(str(output))}/checkpoint-4: the disk is full or a "
+        rf"^error: cannot write {re.escape(str(output))}/checkpoint-4: the disk is full or a "
         r"file-size limit was reached \([\d,]+ MiB free on its disk, file-size limit 65,536 bytes \(ulimit -f\)\); "
         rf"nothing half-written was left\. Free some space, or write elsewhere\. {re.escape(str(output))}/checkpoint-2 "
         r"is intact: --resume continues from it\.$",
@@ -645,7 +651,7 @@ def test_workers_that_cannot_deliver_a_batch_stop_the_run_instead_of_hanging(cor
     result = subprocess.run([sys.executable, "-c", WORKERS_CANNOT_SHARE_MEMORY, *options], capture_output=True,
                             text=True, env=_env(), timeout=300)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert ("ERROR hf_elmo.pretraining: the 1 DataLoader worker(s) delivered no batch in 5 s: a worker cannot hand "
+    assert ("\nerror: the 1 DataLoader worker(s) delivered no batch in 5 s: a worker cannot hand "
             "its batches over through shared memory (a small /dev/shm, such as Docker's 64 MB default, or a "
             "file-size limit) or is stuck. Rerun with --num-workers 0, or give the process more shared memory "
             "(docker run --shm-size 2g). No checkpoint was written yet.") in result.stderr

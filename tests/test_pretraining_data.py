@@ -157,7 +157,7 @@ def _fails_instead_of_hanging(seconds=60):
         signal.signal(signal.SIGALRM, previous)
 
 
-def test_a_corpus_of_unicode_whitespace_stops_at_once(tmp_path, caplog):
+def test_a_corpus_of_unicode_whitespace_stops_at_once(tmp_path, capsys):
     blank = tmp_path / "nbsp.txt"
     blank.write_text("\u00a0\n\u3000 \u00a0\n\u2003\n", encoding="utf-8")
     with _fails_instead_of_hanging():
@@ -170,6 +170,6 @@ def test_a_corpus_of_unicode_whitespace_stops_at_once(tmp_path, caplog):
         code = pretrain_main(["--train-files", str(blank), "--build-vocab", "--config", "small", "--max-steps", "1",
                               "--output-dir", str(tmp_path / "out"), "--report-to", "none"])
     assert code == 1
-    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    assert errors == [f"--train-files: {blank} is empty (no non-blank line). Every shard must hold sentences, one per "
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: --train-files: {blank} is empty (no non-blank line). Every shard must hold sentences, one per "
                       "line; remove the file or fix the pattern."]

@@ -63,7 +63,7 @@ def test_convert_overwrite_replaces_only_a_folder_it_wrote(elmo_fixture, model_c
     foreign = tmp_path / "photos"
     foreign.mkdir()
     (foreign / "holiday.jpg").write_bytes(b"precious")
-    assert main(convert_args(elmo_fixture, foreign, "--overwrite")) == 2
+    assert main(convert_args(elmo_fixture, foreign, "--overwrite")) == 1
     assert error_line(capsys) == (
         f"error: {foreign}: --overwrite only replaces a folder hf_elmo wrote (an ELMo model folder or a bilm-tf "
         "export), and this one holds other files (holiday.jpg). Remove it yourself or choose another output."
@@ -79,7 +79,7 @@ def test_convert_overwrite_replaces_only_a_folder_it_wrote(elmo_fixture, model_c
 def test_convert_overwrite_never_replaces_the_current_folder(elmo_fixture, tmp_path, monkeypatch, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     monkeypatch.chdir(tmp_path)
-    assert main(convert_args(elmo_fixture, ".", "--overwrite")) == 2
+    assert main(convert_args(elmo_fixture, ".", "--overwrite")) == 1
     assert error_line(capsys) == f"error: {tmp_path}: is the current folder (or holds it); choose another output."
     assert listing(tmp_path) == {"notes.txt": b"mine"}
 
@@ -90,7 +90,7 @@ def test_convert_in_place_never_destroys_its_sources(elmo_fixture, tmp_path, cap
     before = listing(tmp_path)
     args = convert_args(elmo_fixture, tmp_path, "--overwrite", options=tmp_path / "options.json",
                         weights=tmp_path / "lm_weights.hdf5")
-    assert main(args) == 2
+    assert main(args) == 1
     assert error_line(capsys) == (
         f"error: {tmp_path}: is a folder holding the input {tmp_path / 'options.json'}; writing there would destroy "
         "it. Choose another output."
@@ -100,7 +100,7 @@ def test_convert_in_place_never_destroys_its_sources(elmo_fixture, tmp_path, cap
 
 def test_export_in_place_never_destroys_the_model(model_copy, capsys):
     before = listing(model_copy)
-    assert main(["convert", "--to-bilm-tf", str(model_copy), "--output", str(model_copy), "--overwrite"]) == 2
+    assert main(["convert", "--to-bilm-tf", str(model_copy), "--output", str(model_copy), "--overwrite"]) == 1
     assert error_line(capsys) == (
         f"error: {model_copy}: is the input {model_copy}; writing there would destroy it. Choose another output."
     )
@@ -110,12 +110,12 @@ def test_export_in_place_never_destroys_the_model(model_copy, capsys):
 def test_embed_overwrite_never_replaces_its_input_or_a_foreign_file(converted_dir, tmp_path, capsys):
     text = tmp_path / "in.txt"
     text.write_text("a b c\n")
-    assert main(["embed", str(text), str(text), "--model", str(converted_dir), "--overwrite", "--no-progress"]) == 2
+    assert main(["embed", str(text), str(text), "--model", str(converted_dir), "--overwrite", "--no-progress"]) == 1
     assert error_line(capsys) == f"error: {text}: is the input {text}; writing there would destroy it."
     assert text.read_text() == "a b c\n"
     other = tmp_path / "other.hdf5"
     other.write_bytes(b"not ours")
-    assert main(["embed", str(text), str(other), "--model", str(converted_dir), "--overwrite", "--no-progress"]) == 2
+    assert main(["embed", str(text), str(other), "--model", str(converted_dir), "--overwrite", "--no-progress"]) == 1
     assert "only replaces an HDF5 file written by hf-elmo embed, and this is not one" in error_line(capsys)
     assert other.read_bytes() == b"not ours"
     # Its own output is replaced.
@@ -146,7 +146,7 @@ def test_leftovers_of_killed_runs_are_cleaned_and_a_hidden_previous_model_is_res
     aside = tmp_path / f".model.old-{pid}-def456"
     aside.mkdir()
     os.replace(model_copy, aside / "previous")
-    assert main(convert_args(elmo_fixture, model_copy)) == 2  # the restored model is not replaced without --overwrite
+    assert main(convert_args(elmo_fixture, model_copy)) == 1  # the restored model is not replaced without --overwrite
     assert "already exists and is not empty; pass overwrite=True (--overwrite)." in error_line(capsys)
     assert sorted(os.listdir(tmp_path)) == ["model"]
     assert listing(model_copy) == previous
@@ -178,7 +178,7 @@ def test_embed_with_too_little_space_is_one_line_without_a_crash(converted_dir, 
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
         signal.signal(signal.SIGXFSZ, handler)
-    assert rc == 2
+    assert rc == 1
     assert error_line(capsys) == (
         f"error: {tmp_path / 'out.hdf5'}: not enough space to write lines 1-2048 (about 16.7 MB needed, 1.0 MB "
         "available); nothing was written. Free some space or write elsewhere (--top or --float16 make the output "
@@ -189,7 +189,7 @@ def test_embed_with_too_little_space_is_one_line_without_a_crash(converted_dir, 
 
 def test_unwritable_output_is_one_line(elmo_fixture, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
-    assert main(convert_args(elmo_fixture, tmp_path / "file" / "elmo")) == 2
+    assert main(convert_args(elmo_fixture, tmp_path / "file" / "elmo")) == 1
     assert error_line(capsys) == f"error: cannot write {tmp_path / 'file' / 'elmo'}: Not a directory."
 
 
@@ -200,10 +200,10 @@ def test_read_only_output_folder_is_one_line(elmo_fixture, converted_dir, tmp_pa
     (locked / "in.txt").write_text("a b\n")
     locked.chmod(0o555)
     try:
-        assert main(convert_args(elmo_fixture, locked / "elmo")) == 2
+        assert main(convert_args(elmo_fixture, locked / "elmo")) == 1
         assert error_line(capsys) == f"error: cannot write {locked / 'elmo'}: Permission denied."
         assert main(["embed", str(locked / "in.txt"), str(locked / "out.hdf5"), "--model", str(converted_dir),
-                     "--no-progress"]) == 2
+                     "--no-progress"]) == 1
         assert "Permission denied" in error_line(capsys)
     finally:
         locked.chmod(0o755)
@@ -237,9 +237,9 @@ def test_nan_weights_are_refused_by_every_entry_point(model_copy, tmp_path, caps
     assert str(info.value) == expected
     text = tmp_path / "in.txt"
     text.write_text("a b\n")
-    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", str(model_copy), "--no-progress"]) == 2
+    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", str(model_copy), "--no-progress"]) == 1
     assert error_line(capsys) == f"error: {expected}"
-    assert main(["convert", "--to-bilm-tf", str(model_copy), "--output", str(tmp_path / "back")]) == 2
+    assert main(["convert", "--to-bilm-tf", str(model_copy), "--output", str(tmp_path / "back")]) == 1
     assert error_line(capsys) == f"error: {expected}"
     with pytest.raises(PublishError) as info:
         publish(str(model_copy), "someone/elmo", dry_run=True)
@@ -290,7 +290,7 @@ def test_embed_refuses_nan_vectors_even_from_finite_weights(model_copy, tmp_path
     tensors = load_file(model_copy / "model.safetensors")
     tensors["char_encoder.projection.weight"].fill_(3e38)  # finite, but the products overflow
     save_file(tensors, model_copy / "model.safetensors", metadata={"format": "pt"})
-    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", str(model_copy), "--no-progress"]) == 2
+    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", str(model_copy), "--no-progress"]) == 1
     assert error_line(capsys) == "error: the model gave NaN or infinite vectors for line 1; no output was written."
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "model"]
 
@@ -318,7 +318,7 @@ def write_options(tmp_path, elmo_fixture, change):
 )
 def test_converter_refuses_to_truncate(elmo_fixture, tmp_path, capsys, change, message):
     options = write_options(tmp_path, elmo_fixture, change)
-    assert main(convert_args(elmo_fixture, tmp_path / "out", options=options)) == 2
+    assert main(convert_args(elmo_fixture, tmp_path / "out", options=options)) == 1
     assert error_line(capsys) == f"error: {elmo_fixture / 'lm_weights.hdf5'}: {message}"
     assert sorted(os.listdir(tmp_path)) == ["options.json"]
 
@@ -336,14 +336,14 @@ def test_converter_refuses_to_truncate(elmo_fixture, tmp_path, capsys, change, m
 )
 def test_malformed_options_are_one_line(elmo_fixture, tmp_path, capsys, change, message):
     options = write_options(tmp_path, elmo_fixture, change)
-    assert main(convert_args(elmo_fixture, tmp_path / "out", options=options)) == 2
+    assert main(convert_args(elmo_fixture, tmp_path / "out", options=options)) == 1
     assert error_line(capsys) == f"error: {options}: {message}"
 
 
 def test_vocabulary_without_the_special_words_is_one_line_and_a_bom_is_not_a_word(elmo_fixture, tmp_path, capsys):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("the\nof\n")
-    assert main(convert_args(elmo_fixture, tmp_path / "out", "--vocab", str(vocab))) == 2
+    assert main(convert_args(elmo_fixture, tmp_path / "out", "--vocab", str(vocab))) == 1
     assert error_line(capsys) == (f"error: {vocab}: vocabulary lacks <S>, </S>, <UNK>; a bilm-tf vocabulary lists one "
                                   "word per line with <S>, </S> and <UNK> among them.")
     vocab.write_bytes("\ufeff<S>\n</S>\n<UNK>\nthe\n".encode())
@@ -360,7 +360,7 @@ def test_embed_ignores_a_bom_and_refuses_cr_only_line_endings(converted_dir, tmp
         assert json.loads(f["0"].attrs["words"]) == ["Hello", "world"] and f["0"].attrs["text"] == "Hello world"
     mac = tmp_path / "mac.txt"
     mac.write_bytes(b"first line\rsecond line\r")
-    assert main(["embed", str(mac), str(tmp_path / "mac.hdf5"), "--model", str(converted_dir), "--no-progress"]) == 2
+    assert main(["embed", str(mac), str(tmp_path / "mac.hdf5"), "--model", str(converted_dir), "--no-progress"]) == 1
     assert error_line(capsys) == (
         f"error: {mac}, line 1: contains a carriage return (CR) inside the line; CR-only line endings are not "
         "supported. Convert them to LF first, e.g. tr '\\r' '\\n' < IN > OUT."
@@ -375,7 +375,7 @@ def test_embed_refuses_unusable_tokenizer_files_instead_of_the_default_splitter(
     (model_copy / "tokenizer_config.json").write_text(content)
     text = tmp_path / "in.txt"
     text.write_text("don't stop\n")
-    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", str(model_copy), "--no-progress"]) == 2
+    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", str(model_copy), "--no-progress"]) == 1
     line = error_line(capsys)
     assert line.startswith(f"error: {model_copy / 'tokenizer_config.json'}: the model's tokenizer files cannot be "
                            "loaded (")
@@ -393,10 +393,10 @@ def test_publish_validates_the_repo_id_even_in_a_dry_run(converted_dir, repo_id)
 
 def test_publish_of_a_broken_folder_is_one_line(model_copy, capsys):
     (model_copy / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
-    assert main(["publish", str(model_copy), "--repo-id", "someone/elmo", "--dry-run"]) == 2
+    assert main(["publish", str(model_copy), "--repo-id", "someone/elmo", "--dry-run"]) == 1
     assert error_line(capsys).startswith(f"error: {model_copy}: the weights cannot be loaded (")
     (model_copy / "config.json").write_text("{broken")
-    assert main(["publish", str(model_copy), "--repo-id", "someone/elmo", "--dry-run"]) == 2
+    assert main(["publish", str(model_copy), "--repo-id", "someone/elmo", "--dry-run"]) == 1
     assert error_line(capsys).startswith(f"error: {model_copy / 'config.json'}: not a readable JSON file (")
 
 
@@ -448,7 +448,7 @@ def hub_that_never_answers(silent_hub, monkeypatch):
 def test_embed_from_a_hub_that_never_answers_fails_fast(hub_that_never_answers, tmp_path, capsys):
     text = tmp_path / "in.txt"
     text.write_text("a b\n")
-    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", "someone/elmo"]) == 2
+    assert main(["embed", str(text), str(tmp_path / "out.hdf5"), "--model", "someone/elmo"]) == 1
     assert error_line(capsys) == (
         f"error: someone/elmo: the Hugging Face Hub ({hub_that_never_answers.url}) did not answer within 1 s while "
         "looking up this model (ReadTimeout), and it is not in the local cache. Check the connection, or allow more "
@@ -458,7 +458,7 @@ def test_embed_from_a_hub_that_never_answers_fails_fast(hub_that_never_answers, 
 
 
 def test_publish_to_a_hub_that_never_answers_times_out(hub_that_never_answers, converted_dir, capsys):
-    assert main(["publish", str(converted_dir), "--repo-id", "someone/elmo"]) == 2
+    assert main(["publish", str(converted_dir), "--repo-id", "someone/elmo"]) == 1
     assert error_line(capsys) == (
         "error: the Hugging Face Hub did not answer in time while publishing to someone/elmo (POST "
         f"{hub_that_never_answers.url}/api/repos/create; ReadTimeout). Check the connection, or allow more time with "
@@ -475,9 +475,9 @@ def test_a_mistyped_local_folder_fails_at_once_without_a_hub_request(silent_hub,
     (tmp_path / "models").mkdir()
     (tmp_path / "in.txt").write_text("a b\n")
     for name in ("nope", "./elmo", "models/elmo-smal", "a/b/c", "~/elmo"):
-        assert main(["embed", "in.txt", "out.hdf5", "--model", name]) == 2
+        assert main(["embed", "in.txt", "out.hdf5", "--model", name]) == 1
         assert error_line(capsys) == f"error: {name}: no such folder (and not a Hub repo id of the form owner/name)."
-    assert main(["convert", "--to-bilm-tf", "nope", "--output", "back"]) == 2
+    assert main(["convert", "--to-bilm-tf", "nope", "--output", "back"]) == 1
     assert error_line(capsys) == "error: nope: no such folder (and not a Hub repo id of the form owner/name)."
     assert silent_hub.connections == []
 
@@ -573,8 +573,8 @@ def test_two_embed_runs_to_one_new_output_one_wins_the_other_says_so(converted_d
     runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             for _ in range(2)]
     results = [(run.wait(timeout=300), run.stderr.read()) for run in runs]
-    assert sorted(code for code, _ in results) == [0, 2]
-    loser = next(err for code, err in results if code == 2)
+    assert sorted(code for code, _ in results) == [0, 1]
+    loser = next(err for code, err in results if code == 1)
     assert ("was written by another run while this one worked; it is kept" in loser
             or "already exists; pass overwrite=True (--overwrite)" in loser), loser
     with h5py.File(tmp_path / "out.h5") as out:
@@ -604,9 +604,9 @@ def test_a_pickled_checkpoint_is_refused_in_one_line(converted_dir, tmp_path, ca
         "would mean unpickling it, which can run any code in the file; it is refused. Get the model as safetensors "
         "(model.safetensors) from a source you trust."
     )
-    assert main(["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.h5"), "--model", str(folder)]) == 2
+    assert main(["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.h5"), "--model", str(folder)]) == 1
     assert error_line(capsys) == expected
-    assert main(["convert", "--to-bilm-tf", str(folder), "--output", str(tmp_path / "exported")]) == 2
+    assert main(["convert", "--to-bilm-tf", str(folder), "--output", str(tmp_path / "exported")]) == 1
     assert error_line(capsys) == expected
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "pickled"]  # the payload never ran; no output
 
@@ -629,7 +629,7 @@ def test_embed_reads_standard_input_for_a_dash(converted_dir, tmp_path):
     # Bad bytes on standard input are named as such.
     bad = subprocess.run([*base, "-", str(tmp_path / "bad.h5")], input=b"ok\n\xff\n", capture_output=True, env=env,
                          cwd=tmp_path)
-    assert bad.returncode == 2
+    assert bad.returncode == 1
     assert bad.stderr.decode().strip().splitlines()[-1] == "error: <stdin>, line 2: not UTF-8 text (byte 0: b'\\xff\\n')."
     assert not os.path.exists(tmp_path / "bad.h5")
 
@@ -655,14 +655,14 @@ def test_a_full_disk_is_one_line_for_every_writer(elmo_fixture, converted_dir, t
         result = subprocess.run([sys.executable, "-c", WITH_FILE_SIZE_LIMIT, *command], capture_output=True, text=True,
                                 env=env, cwd=tmp_path, timeout=300)
         lines = [line for line in result.stderr.splitlines() if line.strip() and "%|" not in line]
-        assert result.returncode == 2 and len(lines) == 1, result.stderr
+        assert result.returncode == 1 and len(lines) == 1, result.stderr
         assert lines[0].startswith(f"error: cannot write {output}: the disk is full or a file-size limit was reached (")
         assert "file-size limit 65,536 bytes (ulimit -f)); nothing half-written was left." in lines[0]
     result = subprocess.run(
         [sys.executable, "-c", WITH_FILE_SIZE_LIMIT, "publish", str(converted_dir), "--repo-id", "someone/elmo",
          "--dry-run"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     lines = [line for line in result.stderr.splitlines() if line.strip() and "%|" not in line]
-    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
     assert lines[0].startswith(f"error: cannot write {tmp_path / 'tmp'}/hf-elmo-publish-")
     assert lines[0].endswith("(publish prepares the upload there: set TMPDIR to a folder with room)")
     # Nothing left behind: no output, no staging folder, no partial file.
