@@ -15,7 +15,7 @@ import logging
 import os
 
 from hf_elmo.finetuning import DataFileError, plot_layer_weights
-from hf_elmo.safe_output import atomic_output_file, write_json_atomic
+from hf_elmo.safe_output import atomic_output_file, no_room_reported, write_json_atomic
 
 
 logger = logging.getLogger(__name__)
@@ -255,8 +255,12 @@ def train_and_report(args, model, tokenizer, features: dict, id2label: dict, dat
         # Keep only the argmax: whole logits of every evaluation example would be gathered in memory.
         preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
     )
-    result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint, args.output_dir))
-    trainer.save_model(args.output_dir)
+    # A full disk: one line, not safetensors' or torch's traceback. The Trainer writes in place, so what it had
+    # begun is removed where it can be told apart (a checkpoint without its trainer_state.json, written last).
+    left = "incomplete checkpoints were removed; files of the final save may be incomplete"
+    with no_room_reported(args.output_dir, left, lambda: remove_incomplete_checkpoints(args.output_dir)):
+        result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint, args.output_dir))
+        trainer.save_model(args.output_dir)
 
     task = default_task_name(args)
     weights = model.layer_weights().tolist()
@@ -294,6 +298,31 @@ def train_and_report(args, model, tokenizer, features: dict, id2label: dict, dat
     logger.info("Saved the model, labels.json, metrics.json, %s and README.md to %s", os.path.basename(plot),
                 args.output_dir)
     return metrics
+
+
+def remove_incomplete_checkpoints(output_dir: str) -> None:
+    """Trainer checkpoints that a failure cut short: `checkpoint-N` folders without `trainer_state.json`."""
+    import shutil
+
+    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else ():
+        folder = os.path.join(output_dir, name)
+        if name.startswith("checkpoint-") and not os.path.exists(os.path.join(folder, "trainer_state.json")):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_example(main) -> int:
+    """
+    An example's entry point, with the error convention of the `hf-elmo` commands: one `error: ...` line and exit
+    status 1 for bad data files, missing files, outputs that cannot be written (a full disk included); the
+    traceback with HF_ELMO_DEBUG=1.
+    """
+    from hf_elmo.cli import run_reporting_errors
+
+    def run() -> int:
+        main()  # returns the metrics
+        return 0
+
+    return run_reporting_errors(run, "fine-tuning")
 
 
 def default_task_name(args) -> str:

@@ -46,6 +46,7 @@ from finetuning_cli import (  # beside this script
     dataset_splits,
     existing_label_map,
     head_options,
+    run_example,
     train_and_report,
 )
 
@@ -156,7 +157,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (DataFileError, FileNotFoundError) as err:
-        sys.exit(f"error: {err}")
+    sys.exit(run_example(main))

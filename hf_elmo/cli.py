@@ -252,6 +252,7 @@ def run_reporting_errors(run, what: str) -> int:
 
     from .bilm_tf import BilmTfFormatError
     from .embed import EmbedInputError, EmbedOutputError
+    from .finetuning import DataFileError
     from .hub_timeouts import describe_timeout
     from .model_source import ModelSourceError
     from .publish import PublishError
@@ -259,7 +260,7 @@ def run_reporting_errors(run, what: str) -> int:
     from .weight_checks import WeightCheckError
 
     expected = (BilmTfFormatError, EmbedInputError, EmbedOutputError, PublishError, ModelSourceError,
-                WeightCheckError, FileExistsError, HfHubHTTPError)
+                WeightCheckError, FileExistsError, HfHubHTTPError, DataFileError)
     try:
         return run()
     except expected as error:

@@ -82,10 +82,11 @@ def check_room(path: str, needed: int) -> None:
         raise NoRoom(needed)
 
 
-def no_room_error(error: BaseException, output: str) -> "OutputError | None":
+def no_room_error(error: BaseException, output: str, left: str = "nothing half-written was left") -> "OutputError | None":
     """
     One line for a write to `output` that failed for lack of room (the disk full, a quota, a file-size limit), with
-    the space left on its disk and the file-size limit in force; None when `error` is another failure.
+    the space left on its disk, the file-size limit in force and what is `left` of the write; None when `error` is
+    another failure.
     """
     reported = getattr(error, "errno", None) in _NO_ROOM_ERRNOS or _NO_ROOM_TEXT.search(str(error))
     if not reported:
@@ -101,9 +102,26 @@ def no_room_error(error: BaseException, output: str) -> "OutputError | None":
     if isinstance(error, NoRoom):
         room = f"about {error.needed / 2**20:,.1f} MiB needed, {room}"
     return OutputError(
-        f"cannot write {output}: the disk is full or a file-size limit was reached ({room}); nothing half-written "
-        "was left. Free some space, or write elsewhere."
+        f"cannot write {output}: the disk is full or a file-size limit was reached ({room}); {left}. Free some "
+        "space, or write elsewhere."
     )
+
+
+@contextlib.contextmanager
+def no_room_reported(output: str, left: str = "nothing half-written was left", clean_up=None):
+    """
+    A write inside the block that finds no room (see `no_room_error`) raises the one-line `OutputError` instead,
+    after `clean_up()` when given.
+    """
+    try:
+        yield
+    except Exception as error:
+        no_room = no_room_error(error, output, left)
+        if no_room is None:
+            raise
+        if clean_up is not None:
+            clean_up()
+        raise no_room from None
 
 
 def pid_alive(pid: int) -> bool:

@@ -8,6 +8,7 @@ sentences from bilm-tf's `sentences.json`, a real Trainer with per-epoch checkpo
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -321,3 +322,32 @@ def test_sequence_example_reads_a_datasets_folder(sequence_example, converted_di
     # The ClassLabel ids were turned back into their names.
     assert json.loads((tmp_path / "out" / "labels.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
     assert metrics["task"] == "reviews" and "validation" not in metrics
+
+
+EXAMPLE_WITH_FILE_SIZE_LIMIT = """
+import os, resource, runpy, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))  # as a full disk: a write fails (Python ignores SIGXFSZ)
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(sys.argv[0]))  # as `python SCRIPT` would
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_token_example_on_a_full_disk_is_one_line(converted_dir, conll_text, tmp_path):
+    (tmp_path / "train.conll").write_text(conll_text, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-c", EXAMPLE_WITH_FILE_SIZE_LIMIT, os.path.join(REPO_ROOT, "examples",
+         "run_token_classification.py"), "--model", str(converted_dir), "--train-file", str(tmp_path / "train.conll"),
+         "--output-dir", str(tmp_path / "out"), "--epochs", "1"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    errors = re.findall(r"error: .*", result.stderr)  # the progress bar may share its line
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert errors[0].startswith(f"error: cannot write {tmp_path / 'out'}: the disk is full or a file-size limit was "
+                                "reached (")
+    assert errors[0].endswith("; incomplete checkpoints were removed; files of the final save may be incomplete. "
+                              "Free some space, or write elsewhere.")
+    assert not [name for name in os.listdir(tmp_path / "out") if name.startswith("checkpoint-")]
