@@ -484,14 +484,14 @@ class ElmoTokenizer(PreTrainedTokenizer):
         # replaced by one letter for splitting only, which keeps the offsets and keeps it inside its
         # word; the words are read back from the original string, and encoding drops the surrogate.
         safe = _SURROGATE.sub("x", text) if _SURROGATE.search(text) else text
-        safe = _SEPARATING_FORMAT.sub(" ", safe)  # one character for one: the offsets stay those of `text`
-        words, spans = [], []
-        for _, (start, end) in self._word_splitter.pre_tokenize_str(safe):
-            word = _DROPPED_FORMAT.sub("", text[start:end])
-            if word:
-                words.append(word)
-                spans.append((start, end))
-        return words, spans
+        if "\u200b" in safe:
+            safe = _SEPARATING_FORMAT.sub(" ", safe)  # one character for one: the offsets stay those of `text`
+        spans = [span for _, span in self._word_splitter.pre_tokenize_str(safe)]
+        if not _DROPPED_FORMAT.search(text):  # the common case, kept as fast as before
+            return [text[start:end] for start, end in spans], spans
+        words = [_DROPPED_FORMAT.sub("", text[start:end]) for start, end in spans]
+        kept = [i for i, word in enumerate(words) if word]
+        return [words[i] for i in kept], [spans[i] for i in kept]
 
     def tokenize(self, text: str, **kwargs) -> list[str]:
         """The words of `text` (a list of str); no special tokens, no lowercasing."""
