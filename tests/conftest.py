@@ -34,3 +34,15 @@ def converted_dir(elmo_fixture, tmp_path_factory) -> Path:
         progress=False,
     )
     return output
+
+
+@pytest.fixture(scope="session")
+def english_corpus(tmp_path_factory) -> Path:
+    """Real English for pretraining runs (Wikipedia sentences): train.txt 3600 sentences, heldout.txt 400."""
+    from hf_elmo.testing_utils import english_text_sample
+
+    lines = english_text_sample().read_text(encoding="utf-8").splitlines()
+    root = tmp_path_factory.mktemp("corpus")
+    (root / "train.txt").write_text("\n".join(lines[:3600]) + "\n", encoding="utf-8")
+    (root / "heldout.txt").write_text("\n".join(lines[3600:]) + "\n", encoding="utf-8")
+    return root

@@ -153,3 +153,22 @@ def test_ab_cpu_implementation_names_a_revision_it_cannot_read(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and done.stdout == ""
     assert "cannot read hf_elmo/elmo_cpu.py at 'no-such-revision'" in done.stderr or "needs git" in done.stderr
+
+
+def test_pretraining_recipe_compares_two_revisions_on_the_same_data(tmp_path):
+    # Two steps a side: this checkout against c290f4f (before bilm-tf's recipe), in parallel, one thread each.
+    command = [sys.executable, str(BENCHMARKS / "pretraining_recipe.py"), "--max-steps", "2", "--eval-steps", "2",
+               "--eval-max-sentences", "16", "--batch-size", "4", "--threads", "1", "--parallel",
+               "--work-dir", str(tmp_path / "work")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1, done.stdout
+    result = json.loads(lines[0])
+    assert result["vocab_size"] == 17519 and result["baseline"] == "c290f4f"
+    for side in ("current", "baseline"):
+        run = result["sides"][side]
+        assert run["returncode"] == 0 and run["steps"] == [0, 2] and run["tokens_seen"] > 0
+        # Untrained, both are near uniform over the vocabulary; the sides' initialisations differ.
+        assert all(10_000 < p < 30_000 for p in run["forward_perplexity"][:1] + run["backward_perplexity"][:1])
+    assert result["sides"]["current"]["forward_perplexity"] != result["sides"]["baseline"]["forward_perplexity"]

@@ -33,7 +33,7 @@ from hf_elmo.pretraining_data import (
     read_eval_sentences,
     resolve_shards,
 )
-from hf_elmo.testing_utils import english_text_sample, free_port
+from hf_elmo.testing_utils import free_port
 from hf_elmo.vocabulary import build_vocab, write_vocab
 
 
@@ -282,14 +282,10 @@ def test_make_batch_labels_words_and_pads_with_minus_100(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ real runs
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """Real English (Wikipedia sentences): 3600 for training, 400 held out."""
-    lines = english_text_sample().read_text(encoding="utf-8").splitlines()
-    root = tmp_path_factory.mktemp("corpus")
-    (root / "train.txt").write_text("\n".join(lines[:3600]) + "\n", encoding="utf-8")
-    (root / "heldout.txt").write_text("\n".join(lines[3600:]) + "\n", encoding="utf-8")
-    (root / "tiny.json").write_text(json.dumps(TINY), encoding="utf-8")
-    return root
+def corpus(english_corpus):
+    """The shared Wikipedia corpus (conftest.py), with this file's tiny config beside it."""
+    (english_corpus / "tiny.json").write_text(json.dumps(TINY), encoding="utf-8")
+    return english_corpus
 
 
 def common_args(corpus, output_dir, *extra):
