@@ -46,3 +46,13 @@ def english_corpus(tmp_path_factory) -> Path:
     (root / "train.txt").write_text("\n".join(lines[:3600]) + "\n", encoding="utf-8")
     (root / "heldout.txt").write_text("\n".join(lines[3600:]) + "\n", encoding="utf-8")
     return root
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """In-process runs create Accelerate's process-wide singletons; each test using this starts without them."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()

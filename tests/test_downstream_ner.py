@@ -17,13 +17,7 @@ TINY = {"char_filters": [[1, 8], [2, 8], [3, 16]], "n_highway": 1, "char_embeddi
         "projection_dim": 16, "num_lstm_layers": 2}
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # conftest.py
 
 
 def test_conll2003_is_the_standard_split():

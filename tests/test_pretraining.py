@@ -57,14 +57,7 @@ def tiny_config(**overrides) -> ElmoConfig:
     return ElmoConfig(**{**TINY, "vocab_size": 40, **overrides})
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    """In-process runs create Accelerate's process-wide singletons; start every test without them."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # conftest.py
 
 
 # ------------------------------------------------------------------------------------------------ the objective

@@ -22,14 +22,7 @@ from hf_elmo.testing_utils import english_text_sample
 from hf_elmo.vocabulary import write_vocab
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    """In-process runs create Accelerate's process-wide singletons; start every test without them."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # conftest.py
 
 
 def tokenizer_batch(tokenizer, sentences):

@@ -21,13 +21,7 @@ RECIPE_CONFIG = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    from accelerate.state import AcceleratorState, GradientState
-
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # conftest.py
 
 
 def assert_uniform(tensor: torch.Tensor, bound: float, name: str):
