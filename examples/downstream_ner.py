@@ -76,6 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cpu_model() -> str:
+    """The processor's name (/proc/cpuinfo's "model name" on Linux), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def conll_sentences(path, limit):
     from hf_elmo.finetuning import read_conll
 
@@ -270,7 +282,7 @@ def main(argv=None) -> int:
         },
         "variants": {name: {**summary_of(results), "runs": results} for name, results in runs.items()},
         "wall_s": wall,
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                     "device": "cpu"},
     }

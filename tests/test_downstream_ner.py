@@ -52,6 +52,7 @@ def test_the_experiment_runs_end_to_end_on_slices(tmp_path, capsys):
         scores = [run["test"]["f1"] for run in variant["runs"]]
         assert variant["test_f1_mean"] == pytest.approx(sum(scores) / 2)
     assert set(result["wall_s"]) == {"data_s", "pretrain_s", "features_s", "heads_s", "total_s"}
+    assert result["machine"]["cpu"] and result["machine"]["cores"] == os.cpu_count()
     # The pretrained biLM is an hf-elmo pretrain folder; the heads' runs leave nothing behind.
     assert type(AutoModel.from_pretrained(output / "bilm")) is ElmoModel
     assert sorted(os.listdir(output)) == ["bilm", "results.json"]
