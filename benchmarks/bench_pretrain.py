@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -49,20 +48,9 @@ from hf_elmo.pretraining_data import (  # noqa: E402
     count_words,
     resolve_shards,
 )
-from hf_elmo.testing_utils import english_text_sample  # noqa: E402
+from hf_elmo.testing_utils import cpu_model, english_text_sample  # noqa: E402
 from hf_elmo.tokenization_elmo import ElmoTokenizer  # noqa: E402
 from hf_elmo.vocabulary import build_vocab, write_vocab  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def peak_rss_mib() -> float | None:

@@ -27,7 +27,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -74,18 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
                       default=[name for name, _, _ in VARIANTS], help="which heads to train (default: all).")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice).")
     return parser
-
-
-def cpu_model() -> str:
-    """The processor's name (/proc/cpuinfo's "model name" on Linux), else what platform knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def conll_sentences(path, limit):
@@ -197,7 +184,7 @@ def main(argv=None) -> int:
 
     from hf_elmo import ElmoModel
     from hf_elmo.finetuning import build_label_map, compute_elmo_layers
-    from hf_elmo.testing_utils import conll2003_english, sotu_sentences
+    from hf_elmo.testing_utils import conll2003_english, cpu_model, sotu_sentences
 
     if args.threads:
         torch.set_num_threads(args.threads)

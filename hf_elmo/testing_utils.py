@@ -253,3 +253,17 @@ def conll2003_english() -> dict[str, Path]:
         for split in CONLL2003_SPLITS:
             Path(staging, f"{split}.txt").write_bytes(archive.read(f"neuroner/data/conll2003/en/{split}.txt"))
     return paths
+
+
+def cpu_model() -> str:
+    """The processor's name (/proc/cpuinfo's "model name" on Linux), else what `platform` knows: for reports."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
