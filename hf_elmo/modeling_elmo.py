@@ -627,14 +627,17 @@ class ElmoCrf(nn.Module):
         self.end_scores = nn.Parameter(torch.zeros(num_labels))
         # Plain lists, turned into tensors where they are used: a tensor made here would be on the meta device
         # when Transformers builds the model to load it, and it is not a weight to save.
-        constraints = iob2_transitions(id2label) if id2label and len(id2label) == num_labels else None
-        self.constraints = constraints
+        self.constraints = iob2_transitions(id2label) if id2label and len(id2label) == num_labels else None
+
+    def allowed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The constraints (when there are any) as bool tensors: `allowed[previous, next]`, `allowed_first[label]`."""
+        return tuple(torch.tensor(c, device=self.transitions.device) for c in self.constraints)
 
     def scores(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Transition, start and end scores with the constraints applied."""
         transitions, start = self.transitions, self.start_scores
         if self.constraints is not None:
-            allowed, allowed_first = (torch.tensor(c, device=transitions.device) for c in self.constraints)
+            allowed, allowed_first = self.allowed()
             transitions = transitions + (~allowed) * FORBIDDEN_TRANSITION
             start = start + (~allowed_first) * FORBIDDEN_TRANSITION
         return transitions, start, self.end_scores
@@ -916,7 +919,6 @@ class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
             output_hidden_states = self.config.output_hidden_states
         return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=layers if output_hidden_states else None)
 
-
     def _check_crf_labels(self, labels: torch.Tensor, mask: torch.Tensor):
         unlabelled = mask & (labels == -100)
         if unlabelled.any():
@@ -926,10 +928,10 @@ class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
             )
         if self.crf.constraints is None or not mask.shape[1]:
             return
-        transitions, start, _ = self.crf.scores()
+        allowed, allowed_first = self.crf.allowed()
         safe = labels.masked_fill(~mask, 0)
-        forbidden = (transitions[safe[:, :-1], safe[:, 1:]] <= FORBIDDEN_TRANSITION / 2) & mask[:, 1:]
-        first = (start[safe[:, 0]] <= FORBIDDEN_TRANSITION / 2) & mask[:, 0]
+        forbidden = ~allowed[safe[:, :-1], safe[:, 1:]] & mask[:, 1:]
+        first = ~allowed_first[safe[:, 0]] & mask[:, 0]
         if forbidden.any() or first.any():
             names = self.config.id2label
             if first.any():
