@@ -41,7 +41,7 @@ import time
 import numpy as np
 import torch
 
-from .safe_output import OutputError, atomic_files_into, no_room_error, remove_stale_file_staging, write_json_atomic
+from .safe_output import OutputError, atomic_files_into, no_room_reported, remove_stale_file_staging, write_json_atomic
 
 
 # Named explicitly: under `python -m hf_elmo.pretraining` __name__ is "__main__".
@@ -261,6 +261,8 @@ def main(argv=None) -> int:
             DataPipelineError, OutputError) as error:
         if debugging():
             raise
+        if isinstance(error, OutputError):  # a write that failed (a full disk): say what --resume would take
+            error = f"{error} {_latest_intact(args.output_dir)}"
         return report_error(error)  # the one-line convention of every hf-elmo command
     return 0
 
@@ -684,11 +686,8 @@ def train(args) -> dict:
     unwrapped = accelerator.unwrap_model(model)
     state_dict = accelerator.get_state_dict(model)
     if main_process:
-        try:
-            _save_final(args.output_dir, unwrapped, state_dict, tokenizer,
-                        {"step": progress.step, "tokens_seen": progress.tokens, **scores})
-        except OutputError as error:
-            raise CheckpointError(f"{error} {_latest_intact(args.output_dir)}") from None
+        _save_final(args.output_dir, unwrapped, state_dict, tokenizer,
+                    {"step": progress.step, "tokens_seen": progress.tokens, **scores})
         logger.info("Saved the final model to %s", args.output_dir)
     accelerator.wait_for_everyone()
     accelerator.end_training()
@@ -876,7 +875,8 @@ def _save_checkpoint(accelerator, model, optimizer, output_dir: str, step: int, 
         os.makedirs(staging)
     accelerator.wait_for_everyone()
     state_dict = accelerator.get_state_dict(model)
-    try:
+    # A full disk shows as safetensors', torch's or our own error: one line, and no half checkpoint left.
+    with no_room_reported(final, clean_up=lambda: shutil.rmtree(staging, ignore_errors=True)):
         if accelerator.is_main_process:
             # Data-parallel replicas hold the same model and optimizer state: one copy is written.
             accelerator.unwrap_model(model).save_pretrained(staging, state_dict=state_dict)
@@ -885,13 +885,6 @@ def _save_checkpoint(accelerator, model, optimizer, output_dir: str, step: int, 
         # Generators differ between processes (seeded per process): each writes its own.
         rng_file = os.path.join(staging, RNG_STATE_FILE.format(rank=accelerator.process_index))
         write_json_atomic(rng_file, _rng_state(accelerator.device), indent=1)
-    except Exception as error:
-        # A full disk shows as safetensors', torch's or our own error: one line, and no half checkpoint left.
-        no_room = no_room_error(error, final)
-        if no_room is None:
-            raise
-        shutil.rmtree(staging, ignore_errors=True)
-        raise CheckpointError(f"{no_room} {_latest_intact(output_dir)}") from None
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         if os.path.exists(final):
