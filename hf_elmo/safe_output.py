@@ -264,25 +264,23 @@ def atomic_output_dir(output_dir: str, overwrite: bool = False, inputs=()):
         raise OutputError(f"cannot write {output_dir}: {error.strerror or error}.") from None
     old = None
     try:
-        yield staging
-        _normal_permissions(staging)
-        with _signals_held():
-            if os.path.lexists(output_dir) and (overwrite or not os.listdir(output_dir)):
-                old = tempfile.mkdtemp(dir=parent, prefix=f".{name}.old-{os.getpid()}-")
-                os.replace(output_dir, os.path.join(old, "previous"))
-                os.replace(staging, output_dir)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                _rename_without_replacing(staging, output_dir)
-    except BaseException as error:
+        with no_room_reported(output_dir):
+            yield staging
+            _normal_permissions(staging)
+            with _signals_held():
+                if os.path.lexists(output_dir) and (overwrite or not os.listdir(output_dir)):
+                    old = tempfile.mkdtemp(dir=parent, prefix=f".{name}.old-{os.getpid()}-")
+                    os.replace(output_dir, os.path.join(old, "previous"))
+                    os.replace(staging, output_dir)
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    _rename_without_replacing(staging, output_dir)
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         if old is not None and os.path.isdir(os.path.join(old, "previous")) and not os.path.lexists(output_dir):
             os.replace(os.path.join(old, "previous"), output_dir)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        no_room = no_room_error(error, output_dir)
-        if no_room is not None:
-            raise no_room from None
         raise
 
 
@@ -387,19 +385,17 @@ def atomic_output_file(output_path, replace: bool = True):
     except OSError as error:
         raise OutputError(f"cannot write {output_path}: {error.strerror or error}.") from None
     try:
-        yield partial
-        with open(partial, "rb") as f:
-            os.fsync(f.fileno())
-        if replace:
-            os.replace(partial, output_path)
-        else:
-            _link_without_replacing(partial, output_path)
-    except BaseException as error:
+        with no_room_reported(output_path):
+            yield partial
+            with open(partial, "rb") as f:
+                os.fsync(f.fileno())
+            if replace:
+                os.replace(partial, output_path)
+            else:
+                _link_without_replacing(partial, output_path)
+    except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(partial)
-        no_room = no_room_error(error, output_path)
-        if no_room is not None:
-            raise no_room from None
         raise
 
 
@@ -432,17 +428,15 @@ def atomic_files_into(output_dir, last=()):
     except OSError as error:
         raise OutputError(f"cannot write {output_dir}: {error.strerror or error}.") from None
     try:
-        yield staging
-        _normal_permissions(staging)
-        rank = lambda name: next((i + 1 for i, end in enumerate(last) if name.endswith(end)), 0)  # noqa: E731
-        for name in sorted(os.listdir(staging), key=lambda name: (rank(name), name)):
-            os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
-        os.rmdir(staging)
-    except BaseException as error:
+        with no_room_reported(output_dir):
+            yield staging
+            _normal_permissions(staging)
+            rank = lambda name: next((i + 1 for i, end in enumerate(last) if name.endswith(end)), 0)  # noqa: E731
+            for name in sorted(os.listdir(staging), key=lambda name: (rank(name), name)):
+                os.replace(os.path.join(staging, name), os.path.join(output_dir, name))
+            os.rmdir(staging)
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-        no_room = no_room_error(error, output_dir)
-        if no_room is not None:
-            raise no_room from None
         raise
 
 
