@@ -123,23 +123,21 @@ def ner_scores(id2label: dict):
 
 
 def train_head(args, elmo, features: dict, id2label: dict, layer_norm: bool, seed: int, work_dir: str) -> dict:
+    import torch
     from transformers import Trainer, TrainingArguments
 
-    from hf_elmo import ElmoForTokenClassification
+    from hf_elmo import ElmoConfig, ElmoForTokenClassification
     from hf_elmo.finetuning import ElmoLayersCollator
 
+    # The biLM's architecture, without what Transformers records about a saved model or the LM's vocabulary.
     config = elmo.config.to_dict()
     for key in ("architectures", "auto_map", "transformers_version", "_name_or_path", "model_type", "vocab_size"):
         config.pop(key, None)
-    from hf_elmo import ElmoConfig
-
     head_config = ElmoConfig(**{
         **config, "num_labels": len(id2label), "id2label": id2label, "label2id": {v: k for k, v in id2label.items()},
         "freeze_elmo": True, "mix_layer_norm": layer_norm, "head_lstm_dim": args.head_lstm_dim, "head_crf": True,
         "mix_dropout": args.mix_dropout,
     })
-    import torch
-
     torch.manual_seed(seed)
     model = ElmoForTokenClassification(head_config)
     model.elmo.load_state_dict(elmo.state_dict())  # a complete tagger, though training never runs the biLM

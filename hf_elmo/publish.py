@@ -29,7 +29,7 @@ from huggingface_hub.utils import validate_repo_id
 from . import modeling_elmo
 from .configuration_elmo import ElmoConfig
 from .model_card import elmo_model_card
-from .safe_output import no_room_error
+from .safe_output import is_within, no_room_error
 from .tokenization_elmo import ElmoTokenizer
 from .weight_checks import WeightCheckError
 
@@ -140,13 +140,10 @@ def _refuse_links_outside(model_dir: str) -> None:
     carrying it over would upload someone's file from elsewhere (a link to a private file, listed like any other).
     Links that stay inside the folder are followed.
     """
-    root = os.path.realpath(model_dir)
     for name in sorted(os.listdir(model_dir)):
         path = os.path.join(model_dir, name)
-        if not os.path.islink(path):
-            continue
-        target = os.path.realpath(path)
-        if os.path.commonpath([root, target]) != root:
+        if os.path.islink(path) and not is_within(path, model_dir):
+            target = os.path.realpath(path)
             raise PublishError(
                 f"{path} is a link to {target}, outside {model_dir}; publish never uploads a file from outside the "
                 f"model folder. Remove the link, or replace it with a copy of the file if it is meant to be "

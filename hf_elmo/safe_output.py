@@ -134,7 +134,7 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _within(path: str, folder: str) -> bool:
+def is_within(path: str, folder: str) -> bool:
     """Whether `path` is `folder` or inside it (both resolved through symlinks)."""
     path, folder = os.path.realpath(path), os.path.realpath(folder)
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
@@ -143,12 +143,12 @@ def _within(path: str, folder: str) -> bool:
 def check_not_an_input(output: str, inputs) -> None:
     """Refuse an output that is, or contains, one of `inputs` or the current folder."""
     for source in [p for p in inputs if p]:
-        if _within(source, output):
+        if is_within(source, output):
             raise OutputError(
-                f"{output}: is {'the input' if _within(output, source) else 'a folder holding the input'} {source}; "
+                f"{output}: is {'the input' if is_within(output, source) else 'a folder holding the input'} {source}; "
                 "writing there would destroy it. Choose another output."
             )
-    if _within(os.getcwd(), output):
+    if is_within(os.getcwd(), output):
         raise OutputError(f"{output}: is the current folder (or holds it); choose another output.")
 
 
