@@ -314,9 +314,11 @@ def run_example(main) -> int:
     """
     An example's entry point, with the error convention of the `hf-elmo` commands: one `error: ...` line and exit
     status 1 for bad data files, missing files, outputs that cannot be written (a full disk included); the
-    traceback with HF_ELMO_DEBUG=1.
+    traceback with HF_ELMO_DEBUG=1. SIGTERM stops it as Ctrl-C does.
     """
-    from hf_elmo.cli import run_reporting_errors
+    from hf_elmo.cli import handle_sigterm, run_reporting_errors
+
+    handle_sigterm()
 
     def run() -> int:
         main()  # returns the metrics

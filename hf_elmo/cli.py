@@ -227,9 +227,18 @@ def _interrupt(signum, frame):
 
 
 def handle_sigterm() -> None:
-    """SIGTERM cleans up like Ctrl-C (unless someone installed another handler)."""
+    """
+    SIGTERM cleans up like Ctrl-C (unless someone installed another handler). Both are also unblocked: a blocked
+    signal mask is inherited through fork and exec, so a process started by a parent that held them (some job
+    runners and CI harnesses do) would ignore `kill` and Ctrl-C, and so would the DataLoader workers it forks, which
+    then never stop when their loader shuts them down and keep the run from exiting.
+    """
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupt)
+    if hasattr(signal, "pthread_sigmask"):  # not on Windows, which has no signal masks
+        from .safe_output import STOP_SIGNALS
+
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def debugging() -> bool:

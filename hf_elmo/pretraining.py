@@ -253,8 +253,9 @@ def main(argv=None) -> int:
     from .bilm_tf import BilmTfFormatError
     from .pretraining_data import CorpusError
 
-    from .cli import debugging, report_error
+    from .cli import debugging, handle_sigterm, report_error
 
+    handle_sigterm()  # also for the `hf-elmo-pretrain` alias, which does not pass through hf_elmo.cli
     try:
         train(args)
     except (CorpusError, BilmTfFormatError, FileNotFoundError, FileExistsError, TrainingDiverged, CheckpointError,

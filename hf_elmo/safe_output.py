@@ -31,6 +31,8 @@ import tempfile
 logger = logging.getLogger(__name__)
 
 BILM_TF_EXPORT_FILES = {"options.json", "weights.hdf5", "vocab.txt"}
+# The signals that ask a command to stop (Ctrl-C, kill): held while an output is moved into place.
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 class OutputError(OSError):
@@ -221,8 +223,7 @@ def _signals_held():
     if not hasattr(signal, "pthread_sigmask"):  # not on Windows: the next run's recovery has to do
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:

@@ -253,12 +253,12 @@ def test_embed_bad_input_is_a_clear_error_and_writes_nothing(sentences, converte
     assert "--batch-size: expected a positive integer, got 0" in capsys.readouterr().err
 
 
-def start_embed(source, output, converted_dir):
+def start_embed(source, output, converted_dir, preexec_fn=None):
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     return subprocess.Popen(
         [sys.executable, "-m", "hf_elmo.cli", "embed", str(source), str(output), "--model", str(converted_dir),
          "--tokenized", "--batch-size", "4", "--window", "64", "--no-progress", "--device", "cpu"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, preexec_fn=preexec_fn,
     )
 
 
@@ -350,9 +350,16 @@ def test_embed_killed_mid_way_leaves_no_output(held_input, sentences, converted_
         assert f.attrs["num_lines"] == 3 and sorted(f.keys()) == ["0", "1", "2"]
 
 
-def test_embed_terminated_cleans_up(held_input, converted_dir, tmp_path):
+def _block_sigterm():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+# Blocked: as started by a parent that holds SIGTERM (a CI harness did), whose signal mask every child inherits.
+@pytest.mark.parametrize("inherited_mask", ["default", "sigterm_blocked"])
+def test_embed_terminated_cleans_up(held_input, converted_dir, tmp_path, inherited_mask):
     output = tmp_path / "vectors.hdf5"
-    process = start_embed(held_input.path, output, converted_dir)
+    process = start_embed(held_input.path, output, converted_dir,
+                          preexec_fn=_block_sigterm if inherited_mask == "sigterm_blocked" else None)
     held_input.feed(process)
     wait_for_partial(process, tmp_path)
     process.send_signal(signal.SIGTERM)
