@@ -667,10 +667,26 @@ def _launch(corpus, vocab, output, *extra):
 
 
 def _run_launch(command, timeout=300) -> tuple[int, str]:
-    """Run `accelerate launch`; on a timeout or an interrupt, kill the workers too (they have sessions of their own)."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+    """
+    Run `accelerate launch`; on a timeout or an interrupt, kill the workers too (they have sessions of their own).
+    A run that hangs fails with the end of its log and every process's Python stacks: SIGABRT makes faulthandler
+    (PYTHONFAULTHANDLER=1) print them before the process dies.
+    """
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**_env(), "PYTHONFAULTHANDLER": "1"})
     try:
         output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for hung in [*_descendants(process.pid), process.pid]:
+            try:
+                os.kill(hung, signal.SIGABRT)
+            except ProcessLookupError:
+                pass
+        try:
+            output, _ = process.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            output = "(no output after SIGABRT)"
+        pytest.fail(f"accelerate launch ran over {timeout} s; its log, ending with the stacks:\n{output[-12000:]}")
     finally:
         if process.poll() is None:
             _kill_tree(process.pid)
