@@ -1,11 +1,13 @@
-"""The fine-tuning examples' shared command line and Trainer run (examples/run_token_classification.py and
-examples/run_sequence_classification.py import it from beside them).
+"""The fine-tuning examples' shared parts, shaped like Transformers' own examples (run_ner.py, run_glue.py):
+examples/run_token_classification.py and examples/run_sequence_classification.py import it from beside them.
 
-- `add_finetuning_arguments`, `check_finetuning_arguments`: the model, head, training and Hub options both scripts
-  take, and the Hub checks made before any work.
-- `head_options`, `training_arguments`: what those options mean for `from_pretrained` and `TrainingArguments`.
-- `train_and_report`: train with the Trainer, save, score the validation and test splits, and write labels.json,
-  metrics.json, layer_weights.png and the model card (and push, with `--push-to-hub`).
+- `ModelArguments`, `DataArguments`, `ElmoTrainingArguments`: the dataclasses `HfArgumentParser` turns into options.
+  The training options are Transformers' `TrainingArguments`, every one of them (`--bf16`, `--lr_scheduler_type`,
+  `--load_best_model_at_end`, `--push_to_hub`, `--report_to`, ...), with defaults measured for a frozen ELMo
+  (see their help) and `--overwrite_output_dir`.
+- `parse_arguments`: the command line (or one .json file of options), checked before any work.
+- `OutputFolder`: where a run writes, by the rules of the `hf-elmo` commands (see its docstring).
+- `run_finetuning`: train with the Trainer, evaluate, predict, and write the results.
 
 The data readers, metrics and the layer-weight plot they use are the package's (`hf_elmo.finetuning`).
 """
@@ -13,169 +15,250 @@ The data readers, metrics and the layer-weight plot they use are the package's (
 import argparse
 import logging
 import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser, TrainingArguments
+from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
 
 from hf_elmo.finetuning import DataFileError, plot_layer_weights
-from hf_elmo.safe_output import atomic_output_file, no_room_reported, write_json_atomic
+from hf_elmo.safe_output import (
+    OutputError,
+    atomic_files_into,
+    atomic_output_dir,
+    check_not_an_input,
+    no_room_reported,
+    write_json_atomic,
+)
 
 
 logger = logging.getLogger(__name__)
 
-
-def add_finetuning_arguments(parser: argparse.ArgumentParser, default_learning_rate: float = 1e-3):
-    """The model, head and training options both example scripts take."""
-    model = parser.add_argument_group("model")
-    model.add_argument("--model", required=True,
-                       help="folder (or Hub name) of an ELMo model: a converted biLM such as the one "
-                       "examples/quickstart.py writes, or a head fine-tuned earlier (its labels are then reused)")
-    model.add_argument("--unfreeze-elmo", action="store_true",
-                       help="fine-tune the biLM's weights too (default: keep them frozen and train only the layer "
-                       "mix and the head, as in the paper)")
-    model.add_argument("--mix-layer-norm", action="store_true",
-                       help="layer-normalise each biLM layer (per sentence) before mixing the layers")
-    model.add_argument("--mix-l2-coef", type=float, default=0.0,
-                       help="L2 penalty pulling the layer weights toward an even mix (the paper's lambda; "
-                       "default: %(default)s = none)")
-    model.add_argument("--dropout", type=float, default=0.5,
-                       help="dropout on the mixed ELMo vectors (default: %(default)s)")
-    model.add_argument("--head-lstm-dim", type=int, default=None,
-                       help="add a biLSTM with this many units per direction between the mix and the classifier "
-                       "(default: none, a linear classifier on the mix)")
-    model.add_argument("--head-lstm-layers", type=int, default=1,
-                       help="layers of that biLSTM (default: %(default)s)")
-
-    training = parser.add_argument_group("training")
-    training.add_argument("--output-dir", required=True,
-                          help="where the fine-tuned model, labels.json, metrics.json, layer_weights.png and the "
-                          "checkpoints (checkpoint-N) are written")
-    training.add_argument("--epochs", type=float, default=10, help="training epochs (default: %(default)s)")
-    training.add_argument("--max-steps", type=int, default=-1,
-                          help="stop after this many optimiser steps, overriding --epochs (default: no limit)")
-    training.add_argument("--batch-size", type=int, default=32,
-                          help="sentences per device per step (default: %(default)s)")
-    training.add_argument("--gradient-accumulation-steps", type=int, default=1,
-                          help="accumulate this many batches per optimiser step; the loss stays the mean over "
-                          "every labelled item of the accumulated batch (default: %(default)s)")
-    training.add_argument("--learning-rate", type=float, default=default_learning_rate,
-                          help="peak AdamW learning rate, decayed linearly to 0 (default: %(default)s)")
-    training.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default: %(default)s)")
-    training.add_argument("--warmup", type=float, default=0.0,
-                          help="learning-rate warm-up: steps, or a fraction of all steps when below 1 "
-                          "(default: %(default)s)")
-    training.add_argument("--seed", type=int, default=42, help="random seed (default: %(default)s)")
-    training.add_argument("--save-total-limit", type=int, default=2,
-                          help="keep at most this many epoch checkpoints (default: %(default)s)")
-    training.add_argument("--resume-from-checkpoint", default=None, metavar="CHECKPOINT",
-                          help="continue an interrupted run: a checkpoint-N folder, or 'last' for the newest one "
-                          "in --output-dir")
-    training.add_argument("--logging-steps", type=int, default=50,
-                          help="log the training loss every this many steps (default: %(default)s)")
-    training.add_argument("--task-name", default=None,
-                          help="name of the task in metrics.json and on the layer-weight plot (default: derived "
-                          "from the training data)")
-    training.add_argument("--report-to", nargs="+", default=["none"], metavar="INTEGRATION",
-                          help="where the Trainer logs training metrics, as TrainingArguments.report_to: none (the "
-                          "default, nothing leaves the machine), all, or integrations such as tensorboard, wandb, "
-                          "mlflow (installed separately)")
-
-    hub = parser.add_argument_group("Hugging Face Hub")
-    hub.add_argument("--push-to-hub", action="store_true",
-                     help="push to the Hub as the Trainer does (TrainingArguments.push_to_hub): the model at every "
-                     "save during training and, at the end, the final model with labels.json, metrics.json, "
-                     "layer_weights.png and a model card showing them (log in first: `hf auth login` or HF_TOKEN)")
-    hub.add_argument("--hub-model-id", default=None,
-                     help="repository to push to, e.g. your-name/elmo-ner (default: the name of --output-dir under "
-                     "your account)")
-    hub.add_argument("--hub-private-repo", action="store_true",
-                     help="create the Hub repository as private (no effect on one that exists)")
-    return parser
+# The files a run adds to its output folder besides the model and tokenizer.
+LABELS_FILE = "labels.json"
+METRICS_FILE = "metrics.json"  # ours: every split's full report, the layer weights (read by the model card)
+LAYER_WEIGHTS_PLOT = "layer_weights.png"
+PREDICTIONS_FILE = "predictions.txt"
 
 
-def check_finetuning_arguments(parser: argparse.ArgumentParser, args) -> None:
-    """Refuse, before any work, Hub options that cannot succeed (offline mode, not logged in)."""
-    if not args.push_to_hub:
-        if args.hub_model_id or args.hub_private_repo:
-            parser.error("--hub-model-id / --hub-private-repo go with --push-to-hub")
-        return
-    from huggingface_hub import constants, get_token
+@dataclass
+class ModelArguments:
+    """The ELMo model and the head put on it."""
 
-    if constants.is_offline_mode():
-        parser.error("--push-to-hub: HF_HUB_OFFLINE=1 is set, so nothing can be pushed to the Hub; unset it or drop "
-                     "--push-to-hub")
-    if get_token() is None:
-        parser.error("--push-to-hub: not logged in to the Hugging Face Hub; run `hf auth login` or set HF_TOKEN")
+    model_name_or_path: str = field(metadata={"help": (
+        "folder or Hub id of an ELMo model: a converted biLM (examples/quickstart.py writes bilm-tf's test model to "
+        "out/elmo-bilm-tf-fixture), a pretrained one, or a head fine-tuned earlier (its labels are then reused)."
+    )})
+    unfreeze_elmo: bool = field(default=False, metadata={"help": (
+        "fine-tune the biLM's weights too (default: frozen, as in the paper: only the layer mix and the head learn)."
+    )})
+    mix_layer_norm: bool = field(default=False, metadata={"help": (
+        "layer-normalise each biLM layer (per sentence) before mixing the layers."
+    )})
+    mix_l2_coef: float = field(default=0.0, metadata={"help": (
+        "L2 penalty pulling the layer weights toward an even mix (the paper's lambda; 0 = none)."
+    )})
+    mix_dropout: float = field(default=0.2, metadata={"help": "dropout on the mixed ELMo vectors."})
+    head_lstm_dim: int | None = field(default=128, metadata={"help": (
+        "units per direction of the biLSTM between the mix and the classifier (the paper's task models have one); "
+        "0 = none, a linear classifier on the mix."
+    )})
+    head_lstm_layers: int = field(default=1, metadata={"help": "layers of that biLSTM."})
 
-
-def head_options(args) -> dict:
-    """`from_pretrained` keyword arguments for the head, from the parsed options."""
-    return {
-        "freeze_elmo": not args.unfreeze_elmo,
-        "mix_layer_norm": args.mix_layer_norm,
-        "mix_l2_coef": args.mix_l2_coef,
-        "mix_dropout": args.dropout,
-        "head_lstm_dim": args.head_lstm_dim,
-        "head_lstm_layers": args.head_lstm_layers,
-    }
-
-
-def training_arguments(args, evaluate: bool):
-    """`TrainingArguments` for the parsed options: evaluate (when there is validation data) and save every epoch."""
-    import torch
-    from transformers import TrainingArguments
-
-    return TrainingArguments(
-        output_dir=args.output_dir,
-        num_train_epochs=args.epochs,
-        max_steps=args.max_steps,
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        learning_rate=args.learning_rate,
-        weight_decay=args.weight_decay,
-        warmup_steps=args.warmup,
-        seed=args.seed,
-        eval_strategy="epoch" if evaluate else "no",
-        save_strategy="epoch",
-        save_total_limit=args.save_total_limit,
-        logging_steps=args.logging_steps,
-        report_to=args.report_to,
-        push_to_hub=args.push_to_hub,
-        hub_model_id=args.hub_model_id,
-        hub_private_repo=args.hub_private_repo or None,
-        dataloader_pin_memory=torch.cuda.is_available(),
-    )
+    def head_options(self) -> dict:
+        """`from_pretrained` keyword arguments for the head."""
+        return {
+            "freeze_elmo": not self.unfreeze_elmo,
+            "mix_layer_norm": self.mix_layer_norm,
+            "mix_l2_coef": self.mix_l2_coef,
+            "mix_dropout": self.mix_dropout,
+            "head_lstm_dim": self.head_lstm_dim or None,
+            "head_lstm_layers": self.head_lstm_layers,
+        }
 
 
-def resolve_checkpoint(value: str | None, output_dir: str) -> str | None:
-    """`--resume-from-checkpoint`: a folder, or 'last' for the newest checkpoint-N in `output_dir`."""
-    if value != "last":
-        if value is not None and not os.path.isdir(value):
-            raise FileNotFoundError(f"--resume-from-checkpoint: {value} is not a folder.")
-        return value
-    from transformers.trainer_utils import get_last_checkpoint
+@dataclass
+class DataArguments:
+    """Where the data comes from and how much of it is used (the scripts add their own columns)."""
 
-    last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-    if last is None:
-        raise FileNotFoundError(f"--resume-from-checkpoint last: no checkpoint-N folder in {output_dir}.")
-    return last
+    train_file: str | None = field(default=None, metadata={"help": "training data file."})
+    validation_file: str | None = field(default=None, metadata={"help": (
+        "evaluated after every epoch (--eval_strategy) and at the end."
+    )})
+    test_file: str | None = field(default=None, metadata={"help": (
+        "scored once at the end; its predictions go to predictions.txt."
+    )})
+    dataset_name: str | None = field(default=None, metadata={"help": (
+        "instead of files: a `datasets` name (needs the network and `pip install \"hf-elmo[examples]\"`) or a local "
+        "folder of train/validation/test data files."
+    )})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "configuration of --dataset_name."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training examples."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "use only the first N validation examples."})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "use only the first N test examples."})
+    label_list: list[str] | None = field(default=None, metadata={"help": (
+        "the labels and their order (ids 0, 1, ...), e.g. --label_list O B-PER I-PER ...; any other label in the "
+        "data is an error (default: a fine-tuned --model_name_or_path's labels, else those of the training data)."
+    )})
+    task_name: str | None = field(default=None, metadata={"help": (
+        "name of the task in metrics.json, the plot and the model card (default: the head's, e.g. "
+        "token-classification)."
+    )})
+
+
+@dataclass
+class ElmoTrainingArguments(TrainingArguments):
+    """
+    Transformers' `TrainingArguments`, with defaults for a frozen ELMo: a head on frozen features learns at a rate
+    100x a fine-tuning rate (measured on CoNLL-2003, README "Fine-tuning"), evaluates and saves every epoch.
+    """
+
+    overwrite_output_dir: bool = field(default=False, metadata={"help": (
+        "replace a non-empty --output_dir (one that hf_elmo or the Trainer wrote) when the run has finished; without "
+        "it such a folder is refused, unless it holds checkpoints of this run, which are then resumed from."
+    )})
+    learning_rate: float = field(default=5e-3, metadata={"help": "peak AdamW learning rate."})
+    num_train_epochs: float = field(default=3.0, metadata={"help": "training epochs."})
+    per_device_train_batch_size: int = field(default=32, metadata={"help": "sentences per device in training."})
+    per_device_eval_batch_size: int = field(default=32, metadata={"help": "sentences per device in evaluation."})
+    eval_strategy: IntervalStrategy | str = field(default="epoch", metadata={"help": (
+        "when to evaluate the validation data: no, steps or epoch (with no validation data: no)."
+    )})
+    save_strategy: IntervalStrategy | str = field(default="epoch", metadata={"help": (
+        "when to write a checkpoint: no, steps, epoch or best."
+    )})
+    save_total_limit: int | None = field(default=2, metadata={"help": "keep at most this many checkpoints."})
+    logging_steps: float = field(default=50, metadata={"help": "log the training loss every this many steps."})
+
+    def __post_init__(self):
+        # What the command line said, before TrainingArguments fills in its own defaults.
+        self.output_dir_given = self.output_dir is not None
+        self.steps_given = self.do_train or self.do_eval or self.do_predict
+        super().__post_init__()
+        import torch
+
+        if not torch.accelerator.is_available():  # pinning needs an accelerator; without one torch only warns
+            self.dataloader_pin_memory = False
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The script's docstring as written, and each option's default (as HfArgumentParser shows them)."""
+
+
+def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, description=None):
+    """
+    (model, data, training) arguments from the command line, or from one .json file of them, as in Transformers'
+    examples. Usage errors (exit status 2) for what cannot work: no data, no --output_dir, a Hub push offline.
+    """
+    parser = HfArgumentParser((model_arguments, data_arguments, ElmoTrainingArguments), description=description,
+                              formatter_class=HelpFormatter)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) == 1 and argv[0].endswith(".json"):
+        model, data, training = parser.parse_json_file(os.path.abspath(argv[0]))
+    else:
+        model, data, training = parser.parse_args_into_dataclasses(args=argv)
+    if not training.output_dir_given:
+        parser.error("the following arguments are required: --output_dir")
+    if not (data.train_file or data.validation_file or data.test_file or data.dataset_name):
+        parser.error("give the data: --train_file (and --validation_file, --test_file), or --dataset_name")
+    if data.dataset_name and (data.train_file or data.validation_file or data.test_file):
+        parser.error("--dataset_name and --train_file / --validation_file / --test_file are exclusive")
+    for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
+        if getattr(data, name) is not None and getattr(data, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(data, name)}")
+    if training.push_to_hub:
+        from huggingface_hub import constants, get_token
+
+        if constants.is_offline_mode():
+            parser.error("--push_to_hub: HF_HUB_OFFLINE=1 is set, so nothing can be pushed to the Hub; unset it or "
+                         "drop --push_to_hub")
+        if get_token() is None:
+            parser.error("--push_to_hub: not logged in to the Hugging Face Hub; run `hf auth login` or set HF_TOKEN")
+    return model, data, training
+
+
+def steps_to_run(training, splits) -> tuple[bool, bool, bool]:
+    """--do_train / --do_eval / --do_predict; when none is given, every step the data has a split for."""
+    if training.steps_given:
+        return training.do_train, training.do_eval, training.do_predict
+    return "train" in splits, "validation" in splits, "test" in splits
+
+
+def first(items: list, count: int | None) -> list:
+    """The first `count` items (`--max_*_samples`), or all."""
+    return items if count is None else items[:count]
+
+
+class OutputFolder:
+    """
+    Where a run writes, by the rules of the `hf-elmo` commands:
+
+    - never the base model's folder, a folder that holds it, or one of the data files;
+    - a folder that holds anything is refused unless it holds checkpoints (the run resumes from the newest, as
+      Transformers' examples do) or `--overwrite_output_dir` is given;
+    - the final files (model, tokenizer, results, card) appear together when the run has finished, never half of
+      them; checkpoints cut short are removed, and a folder this run created goes again if it failed before any
+      checkpoint was complete: a failure leaves the complete checkpoints, which the next run resumes from, or
+      nothing;
+    - with `--overwrite_output_dir` the run works in a hidden folder beside it, which replaces the old one only at
+      the end: a failed run leaves the old folder as it was.
+    """
+
+    def __init__(self, output_dir: str, overwrite: bool, inputs: list[str]):
+        self.path = os.path.abspath(output_dir)
+        self.inputs = [os.path.abspath(p) for p in inputs if p and os.path.exists(p)]
+        check_not_an_input(self.path, self.inputs)
+        if os.path.lexists(self.path) and not os.path.isdir(self.path):
+            raise OutputError(f"{self.path}: exists and is not a folder; remove it or choose another --output_dir.")
+        names = os.listdir(self.path) if os.path.isdir(self.path) else []
+        self.resume_from = get_last_checkpoint(self.path) if names and not overwrite else None
+        self.replaces = bool(names) and overwrite
+        if names and not overwrite and self.resume_from is None:
+            raise FileExistsError(
+                f"{self.path} already exists and is not empty; pass --overwrite_output_dir to replace it when the run "
+                "has finished, or choose another --output_dir."
+            )
+        self.created = not os.path.isdir(self.path)
+
+    def run(self, work):
+        """`work(folder)` with the folder to give the Trainer; its result."""
+        if self.replaces:
+            with atomic_output_dir(self.path, overwrite=True, inputs=self.inputs, flag="--overwrite_output_dir") as staging:
+                return work(staging)
+        os.makedirs(self.path, exist_ok=True)
+        try:
+            return work(self.path)
+        except BaseException:
+            remove_incomplete_checkpoints(self.path)
+            if self.created and get_last_checkpoint(self.path) is None:
+                shutil.rmtree(self.path, ignore_errors=True)
+            raise
+
+
+def remove_incomplete_checkpoints(output_dir: str) -> None:
+    """Trainer checkpoints that a failure cut short: `checkpoint-N` folders without `trainer_state.json`."""
+    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else ():
+        folder = os.path.join(output_dir, name)
+        if name.startswith("checkpoint-") and not os.path.exists(os.path.join(folder, "trainer_state.json")):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_json(path: str | os.PathLike, data) -> None:
-    """Write JSON through a temporary file in the same folder, so a crash never leaves half a file."""
+    """JSON through a temporary file in the same folder, so a crash never leaves half a file."""
     write_json_atomic(path, data, indent=2, ensure_ascii=False, newline=True)
 
 
 def dataset_splits(name: str, config: str | None, columns: tuple[str, ...]) -> dict:
     """
     The train / validation / test splits that a `datasets` dataset (a Hub name or a saved folder) has, each
-    checked for `columns`; "train" is required. Needs the datasets package (the `examples` extra).
+    checked for `columns`. Needs the datasets package (the `examples` extra).
     """
     try:
         from datasets import load_dataset
-    except ImportError as err:
-        raise SystemExit('--dataset-name needs the datasets package: pip install "hf-elmo[examples]"') from err
+    except ImportError:
+        raise DataFileError('--dataset_name needs the datasets package: pip install "hf-elmo[examples]"') from None
     dataset = load_dataset(name, config)
-    if "train" not in dataset:
-        raise DataFileError(f"{name}: no 'train' split (it has {sorted(dataset)}).")
     tables = {}
     for split in ("train", "validation", "test"):
         if split not in dataset:
@@ -188,30 +271,23 @@ def dataset_splits(name: str, config: str | None, columns: tuple[str, ...]) -> d
     return tables
 
 
-def write_model_card(output_dir: str, config, repo_id: str | None = None) -> str:
-    """
-    README.md of a fine-tuned folder: hf_elmo's card with the labels, the run's metrics.json and the embedded
-    layer_weights.png (the same card `hf-elmo publish` generates). Returns its path.
-    """
-    from hf_elmo.model_card import elmo_model_card
-    from hf_elmo.publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, read_run_metrics
+def existing_label_map(config, architecture: str) -> dict[int, str] | None:
+    """The `id2label` of a model folder that already holds this kind of head, else None (a new head)."""
+    if architecture in (getattr(config, "architectures", None) or []):
+        return {int(i): label for i, label in config.id2label.items()}
+    return None
 
-    card = elmo_model_card(
-        config,
-        repo_id=repo_id,
-        training=read_run_metrics(os.path.join(output_dir, METRICS_FILE)),
-        layer_weights_plot=(
-            LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(output_dir, LAYER_WEIGHTS_PLOT)) else None
-        ),
-    )
-    path = os.path.join(output_dir, "README.md")
-    with atomic_output_file(path) as partial:  # beside the saved model: never half a card
-        card.save(partial)
-    return path
+
+def fixed_label_map(label_list: list[str]) -> dict[int, str]:
+    """`--label_list`, checked: each label once."""
+    repeated = sorted({label for label in label_list if label_list.count(label) > 1})
+    if repeated:
+        raise DataFileError(f"--label_list: {', '.join(repeated)} given more than once; each label once.")
+    return dict(enumerate(label_list))
 
 
 def _card_trainer_class():
-    # Built on first use: this module imports transformers only inside functions, like the rest of it.
+    # Built on first use, so that importing this module does not build a Trainer subclass.
     from transformers import Trainer
 
     class ElmoFinetuningTrainer(Trainer):
@@ -227,87 +303,164 @@ def _card_trainer_class():
     return ElmoFinetuningTrainer
 
 
-def train_and_report(args, model, tokenizer, features: dict, id2label: dict, data_collator, score, summarise,
-                     log_report) -> dict:
-    """
-    The examples' shared run: train `model` with the Trainer on `features["train"]` (scored on "validation" each
-    epoch when present; `--resume-from-checkpoint` honoured), save it to `--output-dir`, score "validation" and
-    "test", and write labels.json, metrics.json and the layer-weight plot there. Returns the metrics.
+def write_model_card(folder: str, config, repo_id: str | None = None) -> str:
+    """README.md of a fine-tuned folder: the card `hf-elmo publish` generates (labels, metrics.json, the plot)."""
+    from hf_elmo.model_card import elmo_model_card
+    from hf_elmo.publish import read_run_metrics
 
-    `score(predictions, label_ids)` turns argmax label ids into a report dict, `summarise(report)` picks the
-    numbers the Trainer logs at each evaluation, `log_report(split, report)` prints a split's report.
+    card = elmo_model_card(
+        config,
+        repo_id=repo_id,
+        training=read_run_metrics(os.path.join(folder, METRICS_FILE)),
+        layer_weights_plot=LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(folder, LAYER_WEIGHTS_PLOT)) else None,
+    )
+    path = os.path.join(folder, "README.md")
+    card.save(path)
+    return path
 
-    The folder also gets a model card (README.md). With `--push-to-hub` the Trainer pushes as usual (at every save,
-    and when the model is saved), and the finished folder (without checkpoints) is pushed last, with its card.
+
+def save_results(folder: str, split: str, metrics: dict, all_results: dict) -> None:
+    """`{split}_results.json` and `all_results.json`, the files Trainer.save_metrics writes, into `folder`."""
+    write_json(os.path.join(folder, f"{split}_results.json"), metrics)
+    all_results.update(metrics)
+    write_json(os.path.join(folder, "all_results.json"), all_results)
+
+
+@dataclass
+class Task:
+    """What a script tells `run_finetuning` about its task."""
+
+    name: str  # the default task name, e.g. "token-classification"
+    features: dict  # split -> encoded examples
+    id2label: dict
+    data_collator: object
+    score: object  # (predictions, label_ids) -> report dict (argmax label ids in)
+    summarise: object  # report -> the numbers the Trainer logs at each evaluation
+    log_report: object  # (split, report) -> None
+    prediction_lines: object  # (predictions, label_ids) -> lines of predictions.txt
+
+
+def run_finetuning(model_args, data_args, training_args, model, tokenizer, task: Task) -> dict:
     """
+    Train `model` with the Trainer on task.features["train"] (scored on "validation" every epoch when there is
+    one), then score "validation" and "test", and write to --output_dir: the model and tokenizer, labels.json,
+    metrics.json (every split's report, the layer weights), train/eval/predict/all_results.json,
+    predictions.txt for the test data, layer_weights.png and the model card. With --push_to_hub the Trainer pushes
+    as usual and the finished folder, without checkpoints, last. Returns metrics.json's content.
+    """
+    do_train, do_eval, do_predict = steps_to_run(training_args, task.features)
+    for wanted, split, option in ((do_train, "train", "--train_file"), (do_eval, "validation", "--validation_file"),
+                                  (do_predict, "test", "--test_file")):
+        if wanted and split not in task.features:
+            raise DataFileError(f"there is no {split} data to {'train on' if split == 'train' else 'score'}: give "
+                                f"{option}" + (" (or a --dataset_name with that split)" if split != "train" else ""))
+    if "validation" not in task.features and training_args.eval_strategy != IntervalStrategy.NO:
+        if training_args.load_best_model_at_end:
+            raise DataFileError("--load_best_model_at_end needs validation data: give --validation_file.")
+        training_args.eval_strategy = IntervalStrategy.NO
+    inputs = [model_args.model_name_or_path, data_args.train_file, data_args.validation_file, data_args.test_file]
+    output = OutputFolder(training_args.output_dir, training_args.overwrite_output_dir, inputs)
+    resume = training_args.resume_from_checkpoint
+    if resume is not None and not os.path.isdir(resume):
+        raise FileNotFoundError(f"--resume_from_checkpoint: {resume} is not a folder.")
+    if training_args.push_to_hub and training_args.hub_model_id is None:
+        # The Trainer names the repository after the folder it writes to, which may be a hidden staging folder.
+        training_args.hub_model_id = os.path.basename(output.path)
+    if resume is None and output.resume_from is not None and do_train:
+        resume = output.resume_from
+        logger.info("Checkpoint found: resuming from %s (--overwrite_output_dir starts over instead)", resume)
+
+    def work(folder: str) -> dict:
+        training_args.output_dir = folder
+        return _train_and_report(model_args, data_args, training_args, model, tokenizer, task, resume,
+                                 (do_train, do_eval, do_predict))
+
+    # A full disk: one line, not safetensors' or torch's traceback.
+    with no_room_reported(output.path, "complete checkpoints are kept"):
+        metrics = output.run(work)
+    training_args.output_dir = output.path
+    return metrics
+
+
+def _train_and_report(model_args, data_args, training_args, model, tokenizer, task: Task, resume, steps) -> dict:
+    do_train, do_eval, do_predict = steps
+    folder = training_args.output_dir
 
     def compute_metrics(evaluation):
-        return summarise(score(evaluation.predictions, evaluation.label_ids))
+        return task.summarise(task.score(evaluation.predictions, evaluation.label_ids))
 
     trainer = _card_trainer_class()(
         model=model,
-        args=training_arguments(args, evaluate="validation" in features),
-        train_dataset=features["train"],
-        eval_dataset=features.get("validation"),
-        data_collator=data_collator,
+        args=training_args,
+        train_dataset=task.features.get("train") if do_train else None,
+        eval_dataset=task.features.get("validation"),
+        data_collator=task.data_collator,
         processing_class=tokenizer,
         compute_metrics=compute_metrics,
         # Keep only the argmax: whole logits of every evaluation example would be gathered in memory.
         preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
     )
-    # A full disk: one line, not safetensors' or torch's traceback. The Trainer writes in place, so what it had
-    # begun is removed where it can be told apart (a checkpoint without its trainer_state.json, written last).
-    left = "incomplete checkpoints were removed; files of the final save may be incomplete"
-    with no_room_reported(args.output_dir, left, lambda: remove_incomplete_checkpoints(args.output_dir)):
-        result = trainer.train(resume_from_checkpoint=resolve_checkpoint(args.resume_from_checkpoint, args.output_dir))
-        trainer.save_model(args.output_dir)
-
-    task = default_task_name(args)
-    weights = model.layer_weights().tolist()
-    dataset = getattr(args, "dataset_name", None)
+    task_name = data_args.task_name or task.name
     metrics = {
-        "task": task,
-        "model": args.model,
+        "task": task_name,
+        "model": model_args.model_name_or_path,
         # Hub ids only (for the card's metadata): a local folder means nothing to a reader of the Hub page.
-        "base_model": None if os.path.isdir(args.model) else args.model,
-        "datasets": [dataset] if dataset and not os.path.isdir(dataset) else [],
-        "dataset_config": getattr(args, "dataset_config", None),
-        "train_loss": result.training_loss,
-        "layer_weights": weights,
-        "gamma": float(model.encoder.mix.gamma.detach()),
+        "base_model": None if os.path.isdir(model_args.model_name_or_path) else model_args.model_name_or_path,
+        "datasets": [data_args.dataset_name] if data_args.dataset_name and not os.path.isdir(data_args.dataset_name)
+        else [],
+        "dataset_config": data_args.dataset_config_name,
+        "data_files": {split: os.path.basename(path) for split, path in (
+            ("train", data_args.train_file), ("validation", data_args.validation_file),
+            ("test", data_args.test_file)) if path},
     }
-    for split in ("validation", "test"):
-        if split in features:
-            prediction = trainer.predict(features[split], metric_key_prefix=split)
-            report = score(prediction.predictions, prediction.label_ids)
-            report["loss"] = prediction.metrics[f"{split}_loss"]
-            log_report(split, report)
-            metrics[split] = report
+    results = {}
+    if do_train:
+        trained = trainer.train(resume_from_checkpoint=resume)
+        train_metrics = {**trained.metrics, "train_samples": len(task.features["train"])}
+        trainer.log_metrics("train", train_metrics)
+        metrics["train_loss"] = trained.training_loss
+        results["train"] = train_metrics
+    predictions = None
+    for split, prefix, wanted in (("validation", "eval", do_eval), ("test", "predict", do_predict)):
+        if not wanted:
+            continue
+        prediction = trainer.predict(task.features[split], metric_key_prefix=prefix)
+        report = task.score(prediction.predictions, prediction.label_ids)
+        report["loss"] = prediction.metrics[f"{prefix}_loss"]
+        task.log_report(split, report)
+        trainer.log_metrics(prefix, {**prediction.metrics, f"{prefix}_samples": len(task.features[split])})
+        results[prefix] = {**prediction.metrics, f"{prefix}_samples": len(task.features[split])}
+        metrics[split] = report
+        if split == "test":
+            predictions = task.prediction_lines(prediction.predictions, prediction.label_ids)
+    weights = model.layer_weights().tolist()
+    metrics["layer_weights"] = weights
+    metrics["gamma"] = float(model.encoder.mix.gamma.detach())
     logger.info("Layer weights (token layer first): %s, gamma %.4f", ", ".join(f"{w:.3f}" for w in weights),
                 metrics["gamma"])
 
-    write_json(os.path.join(args.output_dir, "labels.json"), {"id2label": {str(i): l for i, l in id2label.items()}})
-    write_json(os.path.join(args.output_dir, "metrics.json"), metrics)
-    plot = plot_layer_weights({task: weights}, os.path.join(args.output_dir, "layer_weights.png"))
-    if args.push_to_hub:
-        # Writes the card (create_model_card above) and uploads the folder, checkpoints left out.
+    if trainer.is_world_process_zero():
+        # The final files appear together, the weights last: a reader never finds half a model.
+        with atomic_files_into(folder, last=("model.safetensors",)) as staging:
+            trainer.save_model(staging, _internal_call=True)  # internal: no push of a folder not yet complete
+            write_json(os.path.join(staging, LABELS_FILE), {"id2label": {str(i): l for i, l in task.id2label.items()}})
+            write_json(os.path.join(staging, METRICS_FILE), metrics)
+            all_results = {}
+            for prefix, values in results.items():
+                save_results(staging, prefix, values, all_results)
+            if predictions is not None:
+                with open(os.path.join(staging, PREDICTIONS_FILE), "w", encoding="utf-8") as handle:
+                    handle.writelines(line + "\n" for line in predictions)
+            plot_layer_weights({task_name: weights}, os.path.join(staging, LAYER_WEIGHTS_PLOT))
+            write_model_card(staging, model.config, repo_id=trainer.hub_model_id or training_args.hub_model_id)
+    if training_args.push_to_hub:
+        # Uploads the finished folder (its card included), checkpoints left out.
         commit = trainer.push_to_hub(commit_message="End of training")
-        logger.info("Pushed %s to the Hub: %s", args.output_dir, getattr(commit, "commit_url", commit))
-    else:
-        trainer.create_model_card()
-    logger.info("Saved the model, labels.json, metrics.json, %s and README.md to %s", os.path.basename(plot),
-                args.output_dir)
+        logger.info("Pushed %s to the Hub: %s", folder, getattr(commit, "commit_url", commit))
+    logger.info("Saved the model, %s, %s, the *_results.json files%s, %s and README.md to %s", LABELS_FILE,
+                METRICS_FILE, f", {PREDICTIONS_FILE}" if predictions is not None else "", LAYER_WEIGHTS_PLOT,
+                training_args.output_dir)
     return metrics
-
-
-def remove_incomplete_checkpoints(output_dir: str) -> None:
-    """Trainer checkpoints that a failure cut short: `checkpoint-N` folders without `trainer_state.json`."""
-    import shutil
-
-    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else ():
-        folder = os.path.join(output_dir, name)
-        if name.startswith("checkpoint-") and not os.path.exists(os.path.join(folder, "trainer_state.json")):
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_example(main) -> int:
@@ -325,19 +478,3 @@ def run_example(main) -> int:
         return 0
 
     return run_reporting_errors(run, "fine-tuning")
-
-
-def default_task_name(args) -> str:
-    """--task-name, else the training file's name, else the dataset's name."""
-    if args.task_name:
-        return args.task_name
-    if args.train_file:
-        return os.path.splitext(os.path.basename(args.train_file))[0]
-    return os.path.basename(os.path.normpath(args.dataset_name))
-
-
-def existing_label_map(config, architecture: str) -> dict[int, str] | None:
-    """The `id2label` of a model folder that already holds this kind of head, else None (a new head)."""
-    if architecture in (getattr(config, "architectures", None) or []):
-        return {int(i): label for i, label in config.id2label.items()}
-    return None

@@ -2,31 +2,37 @@
 """Fine-tune ELMo for sentence classification (sentiment, topic, ...) with the Transformers Trainer.
 
 The paper's recipe: the biLM stays frozen, the task learns a softmax-normalised weight per biLM layer and a scale
-to mix them; the word vectors are pooled into one sentence vector (--pooling; optionally after a biLSTM,
---head-lstm-dim) and a linear classifier labels the sentence.
+to mix them; the word vectors (after a biLSTM, --head_lstm_dim, 0 for none) are pooled into one sentence vector
+(--pooling) and a linear classifier labels the sentence.
 
-Data: TSV or CSV files whose first line names the columns (--text-column, --label-column; a tab separates the
-fields of .tsv files and a comma those of other files unless --delimiter says otherwise; fields may be quoted as
-in the csv module), or, with network access, a `datasets` name (--dataset-name, e.g. imdb) or a local folder of
-train/validation/test data files. Labels come from the training data (or from --model when it is a
-sequence-classification model already); any other label in validation or test data is an error.
+The options are those of Transformers' run_glue.py: --model_name_or_path, the data options below, and every
+TrainingArguments option (--learning_rate, --num_train_epochs, --bf16, --lr_scheduler_type,
+--load_best_model_at_end, --push_to_hub, --report_to, ...), with defaults measured for a frozen ELMo. One .json file
+of options works too. Without --do_train / --do_eval / --do_predict, it does every step the data allows.
 
-Output in --output-dir: the model and tokenizer (load them with AutoModelForSequenceClassification, or
-pipeline("text-classification", model=DIR)), labels.json, metrics.json (accuracy and precision / recall / F1 per
-class and macro-averaged), layer_weights.png (the learned layer weights, the analogue of Figure 2 of the paper),
-the epoch checkpoints and a model card (README.md: labels, metrics, the plot). --push-to-hub pushes to the Hub as
-the Trainer does, the finished folder last; --report-to sends the training logs to tensorboard, wandb, ...
-(default: none).
+Data: TSV or CSV files whose first line names the columns (--text_column_name, --label_column_name; a tab
+separates the fields of .tsv files and a comma those of other files unless --delimiter says otherwise; fields may
+be quoted as in the csv module), or a `datasets` name or folder (--dataset_name). Labels come from --label_list,
+else from --model_name_or_path when it is a sequence-classification model already, else from the training data;
+any other label in the data is an error.
+
+--output_dir receives the model and tokenizer (load them with AutoModelForSequenceClassification, or
+pipeline("text-classification", model=DIR)), labels.json, metrics.json (accuracy, precision / recall / F1 per class
+and macro-averaged, by scikit-learn), train/eval/predict/all_results.json, predictions.txt (index and predicted
+label of each test example, as run_glue.py writes them), layer_weights.png (the learned layer weights, Figure 2 of
+the paper), the checkpoints and a model card. A non-empty --output_dir is refused unless it holds this run's
+checkpoints (resumed from) or --overwrite_output_dir is given.
 
 Example with bilm-tf's small test model (`python examples/quickstart.py` writes it to out/elmo-bilm-tf-fixture):
 
-    python examples/run_sequence_classification.py --model out/elmo-bilm-tf-fixture \\
-        --train-file train.tsv --validation-file dev.tsv --output-dir out/sentiment
+    python examples/run_sequence_classification.py --model_name_or_path out/elmo-bilm-tf-fixture \\
+        --train_file examples/data/sentiment/train.tsv --validation_file examples/data/sentiment/dev.tsv \\
+        --output_dir out/sentiment
 """
 
-import argparse
 import logging
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
@@ -41,55 +47,46 @@ from hf_elmo.finetuning import (
     read_text_classification_file,
 )
 from finetuning_cli import (  # beside this script
-    add_finetuning_arguments,
-    check_finetuning_arguments,
+    DataArguments,
+    ModelArguments,
+    Task,
     dataset_splits,
     existing_label_map,
-    head_options,
+    first,
+    fixed_label_map,
+    parse_arguments,
     run_example,
-    train_and_report,
+    run_finetuning,
 )
 
 
 logger = logging.getLogger("run_sequence_classification")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    data = parser.add_argument_group("data (TSV/CSV files, or --dataset-name)")
-    data.add_argument("--train-file", help="TSV or CSV training file with a header line")
-    data.add_argument("--validation-file", help="file of the same format evaluated after every epoch and at the end")
-    data.add_argument("--test-file", help="file of the same format evaluated once at the end")
-    data.add_argument("--text-column", default="text", help="column holding the text (default: %(default)s)")
-    data.add_argument("--label-column", default="label", help="column holding the label (default: %(default)s)")
-    data.add_argument("--delimiter", default=None,
-                      help="field separator (default: a tab for .tsv files, a comma otherwise)")
-    data.add_argument("--dataset-name",
-                      help="instead of files: a `datasets` name such as imdb (needs network access and "
-                      "`pip install \"hf-elmo[examples]\"`) or a local folder of train/validation/test data files; "
-                      "--text-column and --label-column name its columns")
-    data.add_argument("--dataset-config", help="configuration name of --dataset-name, if it has several")
-    data.add_argument("--pooling", choices=("mean", "max", "final"), default="mean",
-                      help="how word vectors become one sentence vector: mean or max over the words, or final "
-                      "(forward state at the last word with backward state at the first) (default: %(default)s)")
-    return add_finetuning_arguments(parser)
+@dataclass
+class SequenceModelArguments(ModelArguments):
+    pooling: str = field(default="mean", metadata={"choices": ("mean", "max", "final"), "help": (
+        "how word vectors become one sentence vector: mean or max over the words, or final (forward state at the "
+        "last word with backward state at the first)."
+    )})
+
+    def head_options(self) -> dict:
+        return {**super().head_options(), "classifier_pooling": self.pooling}
 
 
-def parse_args(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if bool(args.train_file) == bool(args.dataset_name):
-        parser.error("give either --train-file (TSV/CSV files) or --dataset-name")
-    if args.dataset_name and (args.validation_file or args.test_file):
-        parser.error("--validation-file / --test-file go with --train-file, not with --dataset-name")
-    check_finetuning_arguments(parser, args)
-    return args
+@dataclass
+class SequenceDataArguments(DataArguments):
+    text_column_name: str = field(default="text", metadata={"help": "column of the text."})
+    label_column_name: str = field(default="label", metadata={"help": "column of the label."})
+    delimiter: str | None = field(default=None, metadata={"help": (
+        "field separator of the files (default: a tab for .tsv files, a comma otherwise)."
+    )})
 
 
 def read_files(args) -> dict[str, list[LabelledText]]:
     files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
     return {
-        split: read_text_classification_file(path, args.text_column, args.label_column, args.delimiter)
+        split: read_text_classification_file(path, args.text_column_name, args.label_column_name, args.delimiter)
         for split, path in files.items()
         if path
     }
@@ -97,13 +94,14 @@ def read_files(args) -> dict[str, list[LabelledText]]:
 
 def read_dataset(args) -> dict[str, list[LabelledText]]:
     splits = {}
-    tables = dataset_splits(args.dataset_name, args.dataset_config, (args.text_column, args.label_column))
+    tables = dataset_splits(args.dataset_name, args.dataset_config_name, (args.text_column_name,
+                                                                          args.label_column_name))
     for split, table in tables.items():
-        names = getattr(table.features[args.label_column], "names", None)  # labels stored as ClassLabel ids
+        names = getattr(table.features[args.label_column_name], "names", None)  # labels stored as ClassLabel ids
         splits[split] = [
             LabelledText(text, names[label] if names else str(label), f"{args.dataset_name}[{split}]", row,
                          from_file=False)
-            for row, (text, label) in enumerate(zip(table[args.text_column], table[args.label_column]))
+            for row, (text, label) in enumerate(zip(table[args.text_column_name], table[args.label_column_name]))
         ]
     return splits
 
@@ -126,13 +124,23 @@ def log_report(split: str, report: dict):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    model_args, data_args, training_args = parse_arguments(SequenceDataArguments, SequenceModelArguments, argv=argv,
+                                                           description=__doc__)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    splits = read_dataset(args) if args.dataset_name else read_files(args)
+    splits = read_dataset(data_args) if data_args.dataset_name else read_files(data_args)
+    limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+              "test": data_args.max_predict_samples}
+    splits = {split: first(rows, limits[split]) for split, rows in splits.items()}
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    id2label = existing_label_map(AutoConfig.from_pretrained(args.model), "ElmoForSequenceClassification")
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    if data_args.label_list:
+        id2label = fixed_label_map(data_args.label_list)
+    else:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        id2label = existing_label_map(config, "ElmoForSequenceClassification")
     if id2label is None:
+        if "train" not in splits:
+            raise DataFileError("no training data to take the labels from: give --label_list or --train_file.")
         id2label = build_label_map(row.label for row in splits["train"])
     if len(id2label) < 2:
         raise DataFileError(f"{splits['train'][0].source}: the training data has a single label "
@@ -142,8 +150,8 @@ def main(argv=None):
     logger.info("Labels: %s; texts: %s", list(id2label.values()), {split: len(f) for split, f in features.items()})
 
     model = AutoModelForSequenceClassification.from_pretrained(
-        args.model, id2label=id2label, label2id=label2id, problem_type="single_label_classification",
-        classifier_pooling=args.pooling, **head_options(args)
+        model_args.model_name_or_path, id2label=id2label, label2id=label2id,
+        problem_type="single_label_classification", **model_args.head_options()
     )
 
     def score(predictions, label_ids_):
@@ -152,8 +160,13 @@ def main(argv=None):
     def summarise(report):
         return {"accuracy": report["accuracy"], "macro_f1": report["macro"]["f1"]}
 
-    return train_and_report(args, model, tokenizer, features, id2label, DataCollatorWithPadding(tokenizer), score,
-                            summarise, log_report)
+    def prediction_lines(predictions, label_ids_):
+        # As run_glue.py's predictions file: a header, then the index and predicted label of each example.
+        return ["index\tprediction"] + [f"{i}\t{id2label[int(p)]}" for i, p in enumerate(predictions)]
+
+    task = Task("text-classification", features, id2label, DataCollatorWithPadding(tokenizer), score, summarise,
+                log_report, prediction_lines)
+    return run_finetuning(model_args, data_args, training_args, model, tokenizer, task)
 
 
 if __name__ == "__main__":

@@ -2,29 +2,33 @@
 """Fine-tune ELMo for token classification (NER, POS tagging, chunking) with the Transformers Trainer.
 
 The paper's recipe: the biLM stays frozen, the task learns a softmax-normalised weight per biLM layer and a scale
-to mix them, then a classifier (optionally after a biLSTM, --head-lstm-dim) labels every word.
+to mix them, then a biLSTM (--head_lstm_dim, 0 for none) and a classifier label every word.
+
+The options are those of Transformers' run_ner.py: --model_name_or_path, the data options below, and every
+TrainingArguments option (--learning_rate, --num_train_epochs, --bf16, --lr_scheduler_type,
+--load_best_model_at_end, --push_to_hub, --report_to, ...), with defaults measured for a frozen ELMo. One .json file
+of options works too. Without --do_train / --do_eval / --do_predict, it does every step the data allows.
 
 Data: CoNLL-format files (one word per line with its columns, blank lines between sentences, -DOCSTART- lines
-skipped; --label-column picks the tag column) or, with network access, a `datasets` name (--dataset-name, e.g.
-conll2003) or a local folder of train/validation/test data files. Labels come from the training data (or from
---model when it is a token-classification model already); any other label in validation or test data is an error.
+skipped; --tag_column picks the tag column) or a `datasets` name or folder (--dataset_name). Labels come from
+--label_list, else from --model_name_or_path when it is a token-classification model already, else from the
+training data; any other label in the data is an error.
 
-Output in --output-dir: the model and tokenizer (load them with AutoModelForTokenClassification, or
-pipeline("token-classification", model=DIR, trust_remote_code=True)), labels.json, metrics.json (token accuracy
-and, for IOB1/IOB2/IOBES tags, entity precision / recall / F1 per type computed by seqeval), layer_weights.png
-(the learned layer weights, the analogue of Figure 2 of the paper), the epoch checkpoints and a model card
-(README.md: labels, metrics, the plot). --push-to-hub pushes to the Hub as the Trainer does, the finished folder
-last; --report-to sends the training logs to tensorboard, wandb, ... (default: none).
+--output_dir receives the model and tokenizer (load them with AutoModelForTokenClassification), labels.json,
+metrics.json (token accuracy and, for IOB1/IOB2/IOBES tags, seqeval's entity precision / recall / F1 per type),
+train/eval/predict/all_results.json, predictions.txt (the test data's predicted tags, one sentence a line),
+layer_weights.png (the learned layer weights, Figure 2 of the paper), the checkpoints and a model card. A non-empty
+--output_dir is refused unless it holds this run's checkpoints (resumed from) or --overwrite_output_dir is given.
 
 Example with bilm-tf's small test model (`python examples/quickstart.py` writes it to out/elmo-bilm-tf-fixture):
 
-    python examples/run_token_classification.py --model out/elmo-bilm-tf-fixture \\
-        --train-file train.conll --validation-file dev.conll --output-dir out/ner
+    python examples/run_token_classification.py --model_name_or_path out/elmo-bilm-tf-fixture \\
+        --train_file train.conll --validation_file dev.conll --test_file test.conll --output_dir out/ner
 """
 
-import argparse
 import logging
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 from transformers import (
@@ -45,55 +49,36 @@ from hf_elmo.finetuning import (
     read_conll,
 )
 from finetuning_cli import (  # beside this script
-    add_finetuning_arguments,
-    check_finetuning_arguments,
+    DataArguments,
+    Task,
     dataset_splits,
     existing_label_map,
-    head_options,
+    first,
+    fixed_label_map,
+    parse_arguments,
     run_example,
-    train_and_report,
+    run_finetuning,
 )
 
 
 logger = logging.getLogger("run_token_classification")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    data = parser.add_argument_group("data (CoNLL files, or --dataset-name)")
-    data.add_argument("--train-file", help="CoNLL-format training file")
-    data.add_argument("--validation-file", help="CoNLL-format file evaluated after every epoch and at the end")
-    data.add_argument("--test-file", help="CoNLL-format file evaluated once at the end")
-    data.add_argument("--word-column", type=int, default=0, help="0-based column of the words (default: %(default)s)")
-    data.add_argument("--label-column", type=int, default=-1,
-                      help="0-based column of the tags; negative counts from the end (default: %(default)s, the "
-                      "last column: the NER tags of CoNLL-2003; -2 or 2 there are the chunk tags, 1 the POS tags)")
-    data.add_argument("--dataset-name",
-                      help="instead of files: a `datasets` name such as conll2003 (needs network access and "
-                      "`pip install \"hf-elmo[examples]\"`) or a local folder of train/validation/test data files")
-    data.add_argument("--dataset-config", help="configuration name of --dataset-name, if it has several")
-    data.add_argument("--tokens-column", default="tokens",
-                      help="--dataset-name column holding each sentence's words (default: %(default)s)")
-    data.add_argument("--tags-column", default="ner_tags",
-                      help="--dataset-name column holding each sentence's tags (default: %(default)s)")
-    return add_finetuning_arguments(parser)
-
-
-def parse_args(argv=None):
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if bool(args.train_file) == bool(args.dataset_name):
-        parser.error("give either --train-file (CoNLL files) or --dataset-name")
-    if args.dataset_name and (args.validation_file or args.test_file):
-        parser.error("--validation-file / --test-file go with --train-file, not with --dataset-name")
-    check_finetuning_arguments(parser, args)
-    return args
+@dataclass
+class TokenDataArguments(DataArguments):
+    word_column: int = field(default=0, metadata={"help": "CoNLL files: 0-based column of the words."})
+    tag_column: int = field(default=-1, metadata={"help": (
+        "CoNLL files: 0-based column of the tags; negative counts from the end (-1, the last column: CoNLL-2003's "
+        "NER tags; -2 or 2 there are the chunk tags, 1 the POS tags)."
+    )})
+    text_column_name: str = field(default="tokens", metadata={"help": "--dataset_name: column of the words."})
+    label_column_name: str = field(default="ner_tags", metadata={"help": "--dataset_name: column of the tags."})
 
 
 def read_files(args) -> dict[str, list[TaggedSentence]]:
     files = {"train": args.train_file, "validation": args.validation_file, "test": args.test_file}
     return {
-        split: read_conll(path, label_column=args.label_column, word_column=args.word_column)
+        split: read_conll(path, label_column=args.tag_column, word_column=args.word_column)
         for split, path in files.items()
         if path
     }
@@ -101,12 +86,13 @@ def read_files(args) -> dict[str, list[TaggedSentence]]:
 
 def read_dataset(args) -> dict[str, list[TaggedSentence]]:
     splits = {}
-    tables = dataset_splits(args.dataset_name, args.dataset_config, (args.tokens_column, args.tags_column))
+    tables = dataset_splits(args.dataset_name, args.dataset_config_name, (args.text_column_name,
+                                                                          args.label_column_name))
     for split, table in tables.items():
-        names = getattr(table.features[args.tags_column], "feature", None)
+        names = getattr(table.features[args.label_column_name], "feature", None)
         names = getattr(names, "names", None)  # tags stored as ClassLabel ids
         sentences = []
-        for row, (words, tags) in enumerate(zip(table[args.tokens_column], table[args.tags_column])):
+        for row, (words, tags) in enumerate(zip(table[args.text_column_name], table[args.label_column_name])):
             tags = [names[t] for t in tags] if names else [str(t) for t in tags]
             sentences.append(TaggedSentence(list(words), tags, f"{args.dataset_name}[{split}]", row, from_file=False))
         splits[split] = sentences
@@ -157,13 +143,22 @@ def log_report(split: str, report: dict):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    model_args, data_args, training_args = parse_arguments(TokenDataArguments, argv=argv, description=__doc__)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    splits = read_dataset(args) if args.dataset_name else read_files(args)
+    splits = read_dataset(data_args) if data_args.dataset_name else read_files(data_args)
+    limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+              "test": data_args.max_predict_samples}
+    splits = {split: first(sentences, limits[split]) for split, sentences in splits.items()}
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    id2label = existing_label_map(AutoConfig.from_pretrained(args.model), "ElmoForTokenClassification")
+    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    if data_args.label_list:
+        id2label = fixed_label_map(data_args.label_list)
+    else:
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        id2label = existing_label_map(config, "ElmoForTokenClassification")
     if id2label is None:
+        if "train" not in splits:
+            raise DataFileError("no training data to take the labels from: give --label_list or --train_file.")
         id2label = build_label_map([tag for s in splits["train"] for tag in s.tags], outside="O")
     label2id = {label: i for i, label in id2label.items()}
     features = {split: encode(tokenizer, sentences, label2id) for split, sentences in splits.items()}
@@ -176,7 +171,7 @@ def main(argv=None):
                     "accuracy only, no entity scores.")
 
     model = AutoModelForTokenClassification.from_pretrained(
-        args.model, id2label=id2label, label2id=label2id, **head_options(args)
+        model_args.model_name_or_path, id2label=id2label, label2id=label2id, **model_args.head_options()
     )
 
     def score(predictions, label_ids_):
@@ -188,8 +183,13 @@ def main(argv=None):
             summary.update({k: v for k, v in report["entities"]["overall"].items() if k != "support"})
         return summary
 
-    return train_and_report(args, model, tokenizer, features, id2label, DataCollatorForTokenClassification(tokenizer),
-                            score, summarise, log_report)
+    def prediction_lines(predictions, label_ids_):
+        # As run_ner.py's predictions.txt: each sentence's predicted tags, one sentence a line.
+        return [" ".join(tags) for tags in predicted_tags(predictions, label_ids_, id2label)[1]]
+
+    task = Task("token-classification", features, id2label, DataCollatorForTokenClassification(tokenizer), score,
+                summarise, log_report, prediction_lines)
+    return run_finetuning(model_args, data_args, training_args, model, tokenizer, task)
 
 
 if __name__ == "__main__":

@@ -228,26 +228,27 @@ def entity_scores(gold: list[list[str]], predicted: list[list[str]]) -> dict[str
     return {kind: scores[kind] for kind in sorted(k for k in scores if k != "overall")} | {"overall": scores["overall"]}
 
 
-def _prf(correct: int, predicted: int, gold: int) -> dict[str, float]:
-    precision = correct / predicted if predicted else 0.0
-    recall = correct / gold if gold else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {"precision": precision, "recall": recall, "f1": f1, "support": gold}
-
-
 def classification_scores(gold: list[str], predicted: list[str]) -> dict:
-    """Accuracy, and precision / recall / F1 / support per class (every class seen in gold or predicted) and macro."""
+    """
+    Accuracy, and precision / recall / F1 / support per class (every class seen in gold or predicted) and their
+    macro average, by scikit-learn (a class never predicted has precision 0).
+    """
+    from sklearn.metrics import accuracy_score, precision_recall_fscore_support
+
     if len(gold) != len(predicted):
         raise ValueError(f"classification_scores: {len(gold)} gold labels but {len(predicted)} predicted.")
     if not gold:
         raise ValueError("classification_scores: no examples.")
-    per_class = {}
-    for label in sorted(set(gold) | set(predicted)):
-        correct = sum(g == p == label for g, p in zip(gold, predicted))
-        per_class[label] = _prf(correct, predicted.count(label), gold.count(label))
-    macro = {key: sum(c[key] for c in per_class.values()) / len(per_class) for key in ("precision", "recall", "f1")}
-    accuracy = sum(g == p for g, p in zip(gold, predicted)) / len(gold)
-    return {"accuracy": accuracy, "macro": macro, "classes": per_class}
+    labels = sorted(set(gold) | set(predicted))
+    precision, recall, f1, support = precision_recall_fscore_support(gold, predicted, labels=labels,
+                                                                     zero_division=0)
+    per_class = {
+        label: {"precision": float(p), "recall": float(r), "f1": float(f), "support": int(n)}
+        for label, p, r, f, n in zip(labels, precision, recall, f1, support)
+    }
+    macro = {key: float(sum(c[key] for c in per_class.values()) / len(per_class))
+             for key in ("precision", "recall", "f1")}
+    return {"accuracy": float(accuracy_score(gold, predicted)), "macro": macro, "classes": per_class}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -155,6 +155,10 @@ def check_not_an_input(output: str, inputs) -> None:
 
 
 def _is_our_model_folder(folder: str, names: list[str]) -> bool:
+    checkpoints = sorted(name for name in names if re.fullmatch(r"checkpoint-\d+", name))
+    if "config.json" not in names and checkpoints:  # a fine-tuning run stopped before its final save
+        checkpoint = os.path.join(folder, checkpoints[0])
+        return os.path.isdir(checkpoint) and _is_our_model_folder(checkpoint, os.listdir(checkpoint))
     if "config.json" in names:
         try:
             with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
@@ -164,8 +168,11 @@ def _is_our_model_folder(folder: str, names: list[str]) -> bool:
     return {"options.json", "weights.hdf5"} <= set(names) <= BILM_TF_EXPORT_FILES
 
 
-def check_replaceable_dir(output_dir: str, overwrite: bool, inputs=()) -> None:
-    """Raise unless `output_dir` may be (over)written: absent, empty, or with `overwrite` a folder hf_elmo wrote."""
+def check_replaceable_dir(output_dir: str, overwrite: bool, inputs=(), flag: str = "--overwrite") -> None:
+    """
+    Raise unless `output_dir` may be (over)written: absent, empty, or with `overwrite` a folder hf_elmo wrote.
+    `flag` is how the user asks for `overwrite`, for the messages.
+    """
     check_not_an_input(output_dir, inputs)
     if not os.path.lexists(output_dir):
         return
@@ -175,11 +182,11 @@ def check_replaceable_dir(output_dir: str, overwrite: bool, inputs=()) -> None:
     if not names:
         return
     if not overwrite:
-        raise FileExistsError(f"{output_dir} already exists and is not empty; pass overwrite=True (--overwrite).")
+        raise FileExistsError(f"{output_dir} already exists and is not empty; pass overwrite=True ({flag}).")
     if not _is_our_model_folder(output_dir, names):
         shown = ", ".join(sorted(names)[:5]) + (", ..." if len(names) > 5 else "")
         raise OutputError(
-            f"{output_dir}: --overwrite only replaces a folder hf_elmo wrote (an ELMo model folder or a bilm-tf "
+            f"{output_dir}: {flag} only replaces a folder hf_elmo wrote (an ELMo model folder or a bilm-tf "
             f"export), and this one holds other files ({shown}). Remove it yourself or choose another output."
         )
 
@@ -243,7 +250,7 @@ def _normal_permissions(folder: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output_dir(output_dir: str, overwrite: bool = False, inputs=()):
+def atomic_output_dir(output_dir: str, overwrite: bool = False, inputs=(), flag: str = "--overwrite"):
     """
     Yields a hidden temporary folder beside `output_dir`, moved into place only when the block succeeds: an error
     or an interrupt never leaves a half-written `output_dir`, and `overwrite` replaces only a folder that
@@ -258,7 +265,7 @@ def atomic_output_dir(output_dir: str, overwrite: bool = False, inputs=()):
         # makedirs says "File exists" when a parent is a file: name the real problem.
         reason = "Not a directory" if os.path.isfile(parent) or isinstance(error, NotADirectoryError) else error.strerror
         raise OutputError(f"cannot write {output_dir}: {reason or error}.") from None
-    check_replaceable_dir(output_dir, overwrite, inputs)
+    check_replaceable_dir(output_dir, overwrite, inputs, flag)
     try:
         staging = tempfile.mkdtemp(dir=parent, prefix=f".{name}.tmp-{os.getpid()}-")
     except OSError as error:

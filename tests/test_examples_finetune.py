@@ -26,7 +26,6 @@ from hf_elmo.finetuning import (
 )
 
 from example_scripts import load_example
-from finetuning_cli import resolve_checkpoint  # examples/finetuning_cli.py, on sys.path through example_scripts
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,9 +56,10 @@ def test_token_classification_example_fits_conll(token_example, converted_dir, c
     fixture = str(fixtures_root / "data" / "conll2003.txt")
     output = tmp_path / "ner"
     metrics = token_example.main([
-        "--model", str(converted_dir), "--train-file", str(train), "--validation-file", fixture, "--test-file",
-        fixture, "--output-dir", str(output), "--epochs", "8", "--batch-size", "2", "--learning-rate", "0.1",
-        "--dropout", "0", "--task-name", "NER", "--logging-steps", "5",
+        "--model_name_or_path", str(converted_dir), "--train_file", str(train), "--validation_file", fixture,
+        "--test_file", fixture, "--output_dir", str(output), "--num_train_epochs", "8",
+        "--per_device_train_batch_size", "2", "--learning_rate", "0.1", "--mix_dropout", "0", "--head_lstm_dim", "0",
+        "--task_name", "NER", "--logging_steps", "5", "--disable_tqdm", "true",
     ])
     for split in ("validation", "test"):
         assert metrics[split]["token_accuracy"] == 1.0
@@ -79,7 +79,15 @@ def test_token_classification_example_fits_conll(token_example, converted_dir, c
     model = AutoModelForTokenClassification.from_pretrained(output)
     assert model.config.id2label == {0: "O", 1: "I-LOC", 2: "I-ORG", 3: "I-PER"}
     assert model.layer_weights().tolist() == pytest.approx(metrics["layer_weights"], abs=1e-7)
-    assert resolve_checkpoint("last", str(output)) == str(output / "checkpoint-64")
+    # As Transformers' run_ner.py writes them.
+    assert (output / "predictions.txt").read_text() == ("I-ORG O I-PER O O I-LOC O\nI-ORG O I-PER O O I-LOC O\n")
+    results = {name: json.loads((output / f"{name}_results.json").read_text()) for name in ("train", "eval",
+                                                                                          "predict", "all")}
+    assert results["train"]["train_samples"] == 16 and results["train"]["epoch"] == 8.0
+    assert results["eval"]["eval_f1"] == 1.0 and results["predict"]["predict_token_accuracy"] == 1.0
+    assert results["all"] == {**results["train"], **results["eval"], **results["predict"]}
+    assert metrics["data_files"] == {"train": "train.conll", "validation": "conll2003.txt", "test": "conll2003.txt"}
+    assert oct(os.stat(output / "model.safetensors").st_mode & 0o777) == oct(0o666 & ~_umask())
 
 
 def test_sequence_classification_example_fits_real_sentences(sequence_example, converted_dir, elmo_fixture, tmp_path):
@@ -93,15 +101,16 @@ def test_sequence_classification_example_fits_real_sentences(sequence_example, c
             writer.writerow([sentence, "yes" if any(c.isdigit() for c in sentence) else "no"])
     output = tmp_path / "numbers"
     metrics = sequence_example.main([
-        "--model", str(converted_dir), "--train-file", str(train), "--validation-file", str(train),
-        "--text-column", "sentence", "--label-column", "has_number", "--pooling", "final",
-        "--output-dir", str(output), "--epochs", "6", "--batch-size", "10", "--learning-rate", "0.1",
-        "--dropout", "0", "--save-total-limit", "1",
+        "--model_name_or_path", str(converted_dir), "--train_file", str(train), "--validation_file", str(train),
+        "--text_column_name", "sentence", "--label_column_name", "has_number", "--pooling", "final",
+        "--output_dir", str(output), "--num_train_epochs", "6", "--per_device_train_batch_size", "10",
+        "--learning_rate", "0.1", "--mix_dropout", "0", "--head_lstm_dim", "0", "--save_total_limit", "1",
+        "--disable_tqdm", "true",
     ])
     report = metrics["validation"]
     assert report["accuracy"] == 1.0 and report["macro"]["f1"] == 1.0
     assert {label: scores["support"] for label, scores in report["classes"].items()} == {"no": 32, "yes": 8}
-    assert metrics["task"] == "train" and sum(metrics["layer_weights"]) == pytest.approx(1.0, abs=1e-6)
+    assert metrics["task"] == "text-classification" and sum(metrics["layer_weights"]) == pytest.approx(1.0, abs=1e-6)
     assert (output / "layer_weights.png").read_bytes()[:8] == PNG_SIGNATURE
     assert json.loads((output / "labels.json").read_text()) == {"id2label": {"0": "no", "1": "yes"}}
     model = AutoModelForSequenceClassification.from_pretrained(output)
@@ -113,28 +122,100 @@ def test_sequence_example_runs_on_the_shipped_sample(sequence_example, converted
     data = os.path.join(REPO_ROOT, "examples", "data", "sentiment")
     assert [len(read_text_classification_file(os.path.join(data, f))) for f in ("train.tsv", "dev.tsv")] == [24, 8]
     metrics = sequence_example.main([
-        "--model", str(converted_dir), "--train-file", os.path.join(data, "train.tsv"), "--validation-file",
-        os.path.join(data, "dev.tsv"), "--output-dir", str(tmp_path / "sentiment"), "--epochs", "1",
-        "--batch-size", "8",
+        "--model_name_or_path", str(converted_dir), "--train_file", os.path.join(data, "train.tsv"),
+        "--validation_file", os.path.join(data, "dev.tsv"), "--test_file", os.path.join(data, "dev.tsv"),
+        "--output_dir", str(tmp_path / "sentiment"), "--num_train_epochs", "1", "--per_device_train_batch_size", "8",
+        "--disable_tqdm", "true",
     ])
-    assert metrics["task"] == "train"
+    assert metrics["task"] == "text-classification"
+    lines = (tmp_path / "sentiment" / "predictions.txt").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 9
+    assert all(re.fullmatch(r"\d\t(positive|negative)", line) for line in lines[1:])
     assert {label: s["support"] for label, s in metrics["validation"]["classes"].items()} == {"negative": 4,
                                                                                              "positive": 4}
 
 
 @pytest.mark.parametrize("name", ["run_token_classification", "run_sequence_classification"])
-def test_help_explains_every_option(name, capsys):
+def test_help_shows_the_transformers_options_and_ours(name, capsys):
     module = load_example(name)
     with pytest.raises(SystemExit) as exit_info:
-        module.parse_args(["--help"])
+        module.main(["--help"])
     assert exit_info.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    parser_options = [action for action in module.build_parser()._actions if action.option_strings]
-    assert len(parser_options) > 20
-    for action in parser_options:
-        assert action.help and len(action.help) > 15, action.option_strings
-        assert action.option_strings[-1] in text
-    assert "Example" in text and "--output-dir" in text
+    # Every TrainingArguments option, as in Transformers' examples, and ours, each explained.
+    for option in ("--bf16", "--lr_scheduler_type", "--load_best_model_at_end", "--push_to_hub", "--report_to",
+                   "--overwrite_output_dir", "--max_train_samples", "--max_eval_samples", "--max_predict_samples",
+                   "--label_list", "--unfreeze_elmo", "--head_lstm_dim", "--mix_layer_norm", "--train_file",
+                   "--dataset_name", "--task_name"):
+        assert f"{option} " in text, option
+    assert "peak AdamW learning rate. (default: 0.005)" in text and "Example" in text
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def _ner(token_example, converted_dir, fixtures_root, output, *options):
+    fixture = str(fixtures_root / "data" / "conll2003.txt")
+    return token_example.main([
+        "--model_name_or_path", str(converted_dir), "--train_file", fixture, "--validation_file", fixture,
+        "--output_dir", str(output), "--num_train_epochs", "1", "--per_device_train_batch_size", "1",
+        "--disable_tqdm", "true", *options,
+    ])
+
+
+def test_token_example_fixed_labels_and_sample_limits(token_example, converted_dir, fixtures_root, tmp_path):
+    labels = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG"]
+    metrics = _ner(token_example, converted_dir, fixtures_root, tmp_path / "out", "--label_list", *labels,
+                   "--max_train_samples", "1", "--max_eval_samples", "1")
+    assert json.loads((tmp_path / "out" / "labels.json").read_text())["id2label"] == {
+        str(i): label for i, label in enumerate(labels)}
+    results = json.loads((tmp_path / "out" / "all_results.json").read_text())
+    assert (results["train_samples"], results["eval_samples"]) == (1, 1)
+    assert metrics["validation"]["entities"]["overall"]["support"] == 3  # the first sentence's ORG, PER, LOC
+    with pytest.raises(DataFileError, match="--label_list: O given more than once"):
+        _ner(token_example, converted_dir, fixtures_root, tmp_path / "again", "--label_list", "O", "I-PER", "O")
+    assert not (tmp_path / "again").exists()
+
+
+def test_token_example_output_folder_rules(token_example, converted_dir, fixtures_root, tmp_path, caplog):
+    output = tmp_path / "ner"
+    _ner(token_example, converted_dir, fixtures_root, output)
+    first_weights = (output / "model.safetensors").read_bytes()
+    # The same command again resumes from the run's checkpoint (as Transformers' run_ner.py does): nothing to train.
+    with caplog.at_level("INFO"):
+        _ner(token_example, converted_dir, fixtures_root, output)
+    assert f"Checkpoint found: resuming from {output / 'checkpoint-2'}" in caplog.text
+    assert (output / "model.safetensors").read_bytes() == first_weights
+
+    # A folder holding other things is refused, unless --overwrite_output_dir; the base model's folder always.
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("mine\n")
+    with pytest.raises(FileExistsError, match=f"{other} already exists and is not empty; pass --overwrite_output_dir"):
+        _ner(token_example, converted_dir, fixtures_root, other)
+    for base in (converted_dir, converted_dir.parent):
+        with pytest.raises(OSError, match="writing there would destroy it"):
+            _ner(token_example, converted_dir, fixtures_root, base, "--overwrite_output_dir")
+    with pytest.raises(OSError, match="--overwrite_output_dir only replaces a folder hf_elmo wrote"):
+        _ner(token_example, converted_dir, fixtures_root, other, "--overwrite_output_dir")
+    assert os.listdir(other) == ["todo.txt"]
+
+    # --overwrite_output_dir starts over and replaces the folder as a whole at the end; a run that fails (here the
+    # Trainer, on a checkpoint folder without a checkpoint in it) leaves the old one as it was.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="Can't find a valid checkpoint"):
+        _ner(token_example, converted_dir, fixtures_root, output, "--overwrite_output_dir", "--resume_from_checkpoint",
+             str(empty))
+    assert (output / "model.safetensors").read_bytes() == first_weights
+    empty.rmdir()
+    _ner(token_example, converted_dir, fixtures_root, output, "--overwrite_output_dir", "--seed", "7",
+         "--save_strategy", "no")
+    assert (output / "model.safetensors").read_bytes() != first_weights
+    assert not list(output.glob("checkpoint-*")) and not [p for p in os.listdir(tmp_path) if p.startswith(".")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,8 +250,8 @@ def test_token_example_rejects_unknown_labels_and_reports_the_line(converted_dir
     train.write_text(conll_text, encoding="utf-8")
     dev.write_text(conll_text.replace("Baghdad\tNNP\tI-NP\tI-LOC", "Baghdad\tNNP\tI-NP\tI-MISC"), encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, os.path.join(REPO_ROOT, "examples", "run_token_classification.py"), "--model",
-         str(converted_dir), "--train-file", str(train), "--validation-file", str(dev), "--output-dir",
+        [sys.executable, os.path.join(REPO_ROOT, "examples", "run_token_classification.py"), "--model_name_or_path",
+         str(converted_dir), "--train_file", str(train), "--validation_file", str(dev), "--output_dir",
          str(tmp_path / "out")],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
         env={**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1"},
@@ -221,8 +302,8 @@ def test_sequence_example_rejects_a_single_label(sequence_example, converted_dir
     path = tmp_path / "one.csv"
     path.write_text("text,label\nGood film .,pos\nGreat film .,pos\n", encoding="utf-8")
     with pytest.raises(DataFileError, match="single label \\['pos'\\]; a classifier needs at least two"):
-        sequence_example.main(["--model", str(converted_dir), "--train-file", str(path), "--output-dir",
-                               str(tmp_path / "out")])
+        sequence_example.main(["--model_name_or_path", str(converted_dir), "--train_file", str(path),
+                               "--output_dir", str(tmp_path / "out")])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,10 +378,11 @@ def test_token_example_reads_a_datasets_folder(token_example, converted_dir, fix
     for split in ("train", "validation"):
         datasets.Dataset.from_dict(table, features=features).to_parquet(str(folder / f"{split}.parquet"))
     metrics = token_example.main([
-        "--model", str(converted_dir), "--dataset-name", str(folder), "--output-dir", str(tmp_path / "out"),
-        "--epochs", "2", "--batch-size", "2", "--learning-rate", "0.05", "--dropout", "0",
+        "--model_name_or_path", str(converted_dir), "--dataset_name", str(folder), "--output_dir",
+        str(tmp_path / "out"), "--num_train_epochs", "2", "--per_device_train_batch_size", "2", "--learning_rate",
+        "0.05", "--mix_dropout", "0", "--disable_tqdm", "true",
     ])
-    assert metrics["task"] == "conll-dataset"
+    assert metrics["task"] == "token-classification"
     assert metrics["validation"]["entities"]["overall"]["support"] == 6
     # The ClassLabel ids were turned back into their names.
     assert json.loads((tmp_path / "out" / "labels.json").read_text())["id2label"] == {
@@ -316,8 +398,9 @@ def test_sequence_example_reads_a_datasets_folder(sequence_example, converted_di
     table = {"sentence": ["What a World Cup .", "Don 't !", "Even so , Democrats slammed Bush ."], "label": [1, 0, 0]}
     datasets.Dataset.from_dict(table, features=features).to_parquet(str(folder / "train.parquet"))
     metrics = sequence_example.main([
-        "--model", str(converted_dir), "--dataset-name", str(folder), "--text-column", "sentence",
-        "--output-dir", str(tmp_path / "out"), "--epochs", "1", "--batch-size", "3", "--task-name", "reviews",
+        "--model_name_or_path", str(converted_dir), "--dataset_name", str(folder), "--text_column_name", "sentence",
+        "--output_dir", str(tmp_path / "out"), "--num_train_epochs", "1", "--per_device_train_batch_size", "3",
+        "--task_name", "reviews", "--disable_tqdm", "true",
     ])
     # The ClassLabel ids were turned back into their names.
     assert json.loads((tmp_path / "out" / "labels.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
@@ -337,8 +420,8 @@ def test_token_example_on_a_full_disk_is_one_line(converted_dir, conll_text, tmp
     (tmp_path / "train.conll").write_text(conll_text, encoding="utf-8")
     result = subprocess.run(
         [sys.executable, "-c", EXAMPLE_WITH_FILE_SIZE_LIMIT, os.path.join(REPO_ROOT, "examples",
-         "run_token_classification.py"), "--model", str(converted_dir), "--train-file", str(tmp_path / "train.conll"),
-         "--output-dir", str(tmp_path / "out"), "--epochs", "1"],
+         "run_token_classification.py"), "--model_name_or_path", str(converted_dir), "--train_file",
+         str(tmp_path / "train.conll"), "--output_dir", str(tmp_path / "out"), "--num_train_epochs", "1"],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
         env={**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1"},
     )
@@ -348,6 +431,6 @@ def test_token_example_on_a_full_disk_is_one_line(converted_dir, conll_text, tmp
     assert len(errors) == 1, result.stderr[-3000:]
     assert errors[0].startswith(f"error: cannot write {tmp_path / 'out'}: the disk is full or a file-size limit was "
                                 "reached (")
-    assert errors[0].endswith("; incomplete checkpoints were removed; files of the final save may be incomplete. "
-                              "Free some space, or write elsewhere.")
-    assert not [name for name in os.listdir(tmp_path / "out") if name.startswith("checkpoint-")]
+    assert errors[0].endswith("; complete checkpoints are kept. Free some space, or write elsewhere.")
+    # The folder this run created held no complete checkpoint: nothing is left.
+    assert not (tmp_path / "out").exists()

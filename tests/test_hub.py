@@ -244,8 +244,9 @@ def test_dry_run_folder_loads_without_hf_elmo(converted_dir, tmp_path):
 def run_ner_example(converted_dir, fixtures_root, output, *options):
     conll = str(fixtures_root / "data" / "conll2003.txt")
     return load_example("run_token_classification").main([
-        "--model", str(converted_dir), "--train-file", conll, "--validation-file", conll, "--output-dir", str(output),
-        "--epochs", "2", "--batch-size", "2", "--learning-rate", "0.05", "--dropout", "0", "--task-name", "ner",
+        "--model_name_or_path", str(converted_dir), "--train_file", conll, "--validation_file", conll, "--output_dir",
+        str(output), "--num_train_epochs", "2", "--per_device_train_batch_size", "2", "--learning_rate", "0.05",
+        "--mix_dropout", "0", "--head_lstm_dim", "0", "--task_name", "ner", "--disable_tqdm", "true",
         *options,
     ])
 
@@ -316,8 +317,8 @@ def test_example_push_to_hub_pushes_the_finished_folder_with_its_card(converted_
     validated = []
     monkeypatch.setattr(HfApi, "_validate_yaml", lambda self, content, **kwargs: validated.append(ModelCard(content)))
     output = tmp_path / "ner"
-    metrics = run_ner_example(converted_dir, fixtures_root, output, "--push-to-hub", "--hub-model-id",
-                              "someone/elmo-ner", "--hub-private-repo")
+    metrics = run_ner_example(converted_dir, fixtures_root, output, "--push_to_hub", "--hub_model_id",
+                              "someone/elmo-ner", "--hub_private_repo", "true")
     assert hub[0] == ("create_repo", "someone/elmo-ner", {"token": None, "private": True, "exist_ok": True})
     commits = [call for call in hub if call[0] == "create_commit"]
     assert {call[1] for call in commits} == {"someone/elmo-ner"}
@@ -335,23 +336,23 @@ def test_example_push_to_hub_pushes_the_finished_folder_with_its_card(converted_
 
 
 def test_example_hub_and_report_options(monkeypatch, tmp_path):
-    module = load_example("run_sequence_classification")
-    from finetuning_cli import training_arguments
-    base = ["--model", "m", "--train-file", "t.tsv", "--output-dir", str(tmp_path / "out")]
-    args = module.parse_args(base)
-    assert args.report_to == ["none"] and training_arguments(args, evaluate=False).report_to == []
+    load_example("run_sequence_classification")
+    from finetuning_cli import ModelArguments, parse_arguments
+    from run_sequence_classification import SequenceDataArguments
+
+    def parse(*options):
+        return parse_arguments(SequenceDataArguments, ModelArguments, argv=[*base, *options])[2]
+
+    base = ["--model_name_or_path", "m", "--train_file", "t.tsv", "--output_dir", str(tmp_path / "out")]
+    assert parse().report_to == [] and not parse().push_to_hub
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
-    args = module.parse_args(base + ["--push-to-hub", "--hub-model-id", "someone/x", "--report-to", "tensorboard"])
-    training = training_arguments(args, evaluate=False)
+    training = parse("--push_to_hub", "--hub_model_id", "someone/x", "--report_to", "tensorboard")
     assert (training.push_to_hub, training.hub_model_id, training.report_to) == (True, "someone/x", ["tensorboard"])
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(SystemExit):
-        module.parse_args(base + ["--push-to-hub"])
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    with pytest.raises(SystemExit):
-        module.parse_args(base + ["--hub-model-id", "someone/x"])
+        parse("--push_to_hub")
 
 
 def test_publish_never_uploads_what_a_link_outside_the_folder_points_to(converted_dir, tmp_path, capsys, hub):
