@@ -470,7 +470,9 @@ def run_example(main) -> int:
     traceback with HF_ELMO_DEBUG=1. SIGTERM stops it as Ctrl-C does.
     """
     from hf_elmo.cli import handle_sigterm, run_reporting_errors
+    from hf_elmo.hub_timeouts import enforce_hub_timeouts
 
+    enforce_hub_timeouts()  # as the hf-elmo commands: a Hub that does not answer is an error, not a long wait
     handle_sigterm()
 
     def run() -> int:

@@ -38,6 +38,7 @@ import numpy as np
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
 import hf_elmo  # noqa: F401  (registers the ELMo Auto classes)
+from hf_elmo.model_source import resolve_model
 from hf_elmo.finetuning import (
     DataFileError,
     LabelledText,
@@ -132,11 +133,13 @@ def main(argv=None):
               "test": data_args.max_predict_samples}
     splits = {split: first(rows, limits[split]) for split, rows in splits.items()}
 
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    # A mistyped folder fails here at once, without Hub requests and their retries.
+    name, load_options = resolve_model(model_args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(name, **load_options)
     if data_args.label_list:
         id2label = fixed_label_map(data_args.label_list)
     else:
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        config = AutoConfig.from_pretrained(name, **load_options)
         id2label = existing_label_map(config, "ElmoForSequenceClassification")
     if id2label is None:
         if "train" not in splits:
@@ -150,7 +153,7 @@ def main(argv=None):
     logger.info("Labels: %s; texts: %s", list(id2label.values()), {split: len(f) for split, f in features.items()})
 
     model = AutoModelForSequenceClassification.from_pretrained(
-        model_args.model_name_or_path, id2label=id2label, label2id=label2id,
+        name, **load_options, id2label=id2label, label2id=label2id,
         problem_type="single_label_classification", **model_args.head_options()
     )
 

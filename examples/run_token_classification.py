@@ -39,6 +39,7 @@ from transformers import (
 )
 
 import hf_elmo  # noqa: F401  (registers the ELMo Auto classes)
+from hf_elmo.model_source import resolve_model
 from hf_elmo.finetuning import (
     DataFileError,
     TaggedSentence,
@@ -50,6 +51,7 @@ from hf_elmo.finetuning import (
 )
 from finetuning_cli import (  # beside this script
     DataArguments,
+    ModelArguments,
     Task,
     dataset_splits,
     existing_label_map,
@@ -62,6 +64,17 @@ from finetuning_cli import (  # beside this script
 
 
 logger = logging.getLogger("run_token_classification")
+
+
+@dataclass
+class TokenModelArguments(ModelArguments):
+    head_crf: bool = field(default=False, metadata={"help": (
+        "a linear-chain CRF over the labels, decoded with Viterbi (the paper's NER model is a biLSTM-CRF); with IOB2 "
+        "labels it never predicts a transition IOB2 forbids, and refuses IOB1 data, whose entities may start with I-."
+    )})
+
+    def head_options(self) -> dict:
+        return {**super().head_options(), "head_crf": self.head_crf}
 
 
 @dataclass
@@ -143,18 +156,21 @@ def log_report(split: str, report: dict):
 
 
 def main(argv=None):
-    model_args, data_args, training_args = parse_arguments(TokenDataArguments, argv=argv, description=__doc__)
+    model_args, data_args, training_args = parse_arguments(TokenDataArguments, TokenModelArguments, argv=argv,
+                                                           description=__doc__)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     splits = read_dataset(data_args) if data_args.dataset_name else read_files(data_args)
     limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
               "test": data_args.max_predict_samples}
     splits = {split: first(sentences, limits[split]) for split, sentences in splits.items()}
 
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    # A mistyped folder fails here at once, without Hub requests and their retries.
+    name, load_options = resolve_model(model_args.model_name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(name, **load_options)
     if data_args.label_list:
         id2label = fixed_label_map(data_args.label_list)
     else:
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        config = AutoConfig.from_pretrained(name, **load_options)
         id2label = existing_label_map(config, "ElmoForTokenClassification")
     if id2label is None:
         if "train" not in splits:
@@ -171,7 +187,7 @@ def main(argv=None):
                     "accuracy only, no entity scores.")
 
     model = AutoModelForTokenClassification.from_pretrained(
-        model_args.model_name_or_path, id2label=id2label, label2id=label2id, **model_args.head_options()
+        name, **load_options, id2label=id2label, label2id=label2id, **model_args.head_options()
     )
 
     def score(predictions, label_ids_):

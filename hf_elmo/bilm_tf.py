@@ -37,6 +37,15 @@ def read_options(path: str) -> dict:
         raise BilmTfFormatError(f"{path}: options file not found.") from None
     except json.JSONDecodeError as error:
         raise BilmTfFormatError(f"{path}: not valid JSON ({error}).") from None
+    except UnicodeDecodeError:
+        # Binary: most often the weights file given as --options (the two swapped).
+        hint = " It is an HDF5 file: are --options and --weights swapped?" if _is_hdf5(path) else ""
+        raise BilmTfFormatError(f"{path}: not an options file (binary, not UTF-8 JSON text).{hint}") from None
+
+
+def _is_hdf5(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89HDF\r\n\x1a\n"
 
 
 def config_from_options(options: dict, source: str = "options.json") -> ElmoConfig:

@@ -16,6 +16,7 @@ Every reading error names the file and line. Nothing here is copied for `trust_r
 
 from __future__ import annotations
 
+import codecs
 import csv
 import logging
 import os
@@ -51,6 +52,33 @@ class DataFileError(ValueError):
     """A data file that cannot be used as it is; the message names the file and the line."""
 
 
+# Byte-order marks of encodings other than UTF-8: such a file is refused with the command that converts it.
+_FOREIGN_BOMS = {codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: "UTF-32", codecs.BOM_UTF16_LE: "UTF-16",
+                 codecs.BOM_UTF16_BE: "UTF-16"}
+
+
+def utf8_lines(path: str):
+    """
+    (1-based number, text with its line ending) of each line of a UTF-8 file (a UTF-8 byte-order mark is dropped).
+    A file in another encoding stops with its name, line and the bytes that are not UTF-8, not a UnicodeDecodeError.
+    """
+    with open(path, "rb") as handle:
+        head = handle.read(4)
+        for bom, encoding in _FOREIGN_BOMS.items():  # UTF-32's marks first: UTF-16's are their prefixes
+            if head.startswith(bom):
+                raise DataFileError(f"{path}: the file is {encoding} (it starts with a {encoding} byte-order mark); "
+                                    f"expected UTF-8. Convert it: iconv -f {encoding} -t UTF-8 {path} > NEW_FILE")
+        handle.seek(len(codecs.BOM_UTF8) if head.startswith(codecs.BOM_UTF8) else 0)
+        for number, raw in enumerate(handle, start=1):
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataFileError(
+                    f"{path}:{number}: not UTF-8 text (byte {error.start}: {raw[error.start:error.start + 4]!r}); "
+                    "expected UTF-8. Convert the file, e.g. iconv -f LATIN1 -t UTF-8 for Latin-1."
+                ) from None
+
+
 def read_conll(path: str | os.PathLike, label_column: int = -1, word_column: int = 0) -> list[TaggedSentence]:
     """
     Sentences of a CoNLL-format file: one word per line, columns separated by whitespace (spaces or tabs), blank
@@ -63,33 +91,32 @@ def read_conll(path: str | os.PathLike, label_column: int = -1, word_column: int
         raise FileNotFoundError(f"{path}: no such file.")
     sentences, words, tags = [], [], []
     first_line = n_columns = None
-    with open(path, encoding="utf-8") as handle:
-        for number, raw in enumerate(handle, start=1):
-            line = raw.strip()
-            if not line or line.startswith(DOCSTART):
-                if words:
-                    sentences.append(TaggedSentence(words, tags, path, first_line))
-                    words, tags = [], []
-                continue
-            columns = line.split()
-            if n_columns is None:
-                n_columns = len(columns)
-                for column, name in ((label_column, "label_column"), (word_column, "word_column")):
-                    if not -n_columns <= column < n_columns:
-                        raise DataFileError(
-                            f"{path}:{number}: {name}={column} but the lines have {n_columns} columns: {line!r}."
-                        )
-                if n_columns < 2:
-                    raise DataFileError(f"{path}:{number}: expected a word and a tag separated by whitespace, got {line!r}.")
-            elif len(columns) != n_columns:
-                raise DataFileError(
-                    f"{path}:{number}: expected {n_columns} whitespace-separated columns as on the first word line, "
-                    f"got {len(columns)}: {line!r}."
-                )
-            if not words:
-                first_line = number
-            words.append(columns[word_column])
-            tags.append(columns[label_column])
+    for number, raw in utf8_lines(path):
+        line = raw.strip()
+        if not line or line.startswith(DOCSTART):
+            if words:
+                sentences.append(TaggedSentence(words, tags, path, first_line))
+                words, tags = [], []
+            continue
+        columns = line.split()
+        if n_columns is None:
+            n_columns = len(columns)
+            for column, name in ((label_column, "label_column"), (word_column, "word_column")):
+                if not -n_columns <= column < n_columns:
+                    raise DataFileError(
+                        f"{path}:{number}: {name}={column} but the lines have {n_columns} columns: {line!r}."
+                    )
+            if n_columns < 2:
+                raise DataFileError(f"{path}:{number}: expected a word and a tag separated by whitespace, got {line!r}.")
+        elif len(columns) != n_columns:
+            raise DataFileError(
+                f"{path}:{number}: expected {n_columns} whitespace-separated columns as on the first word line, "
+                f"got {len(columns)}: {line!r}."
+            )
+        if not words:
+            first_line = number
+        words.append(columns[word_column])
+        tags.append(columns[label_column])
     if words:
         sentences.append(TaggedSentence(words, tags, path, first_line))
     if not sentences:
@@ -122,29 +149,28 @@ def read_text_classification_file(
     if delimiter is None:
         delimiter = "\t" if path.lower().endswith(".tsv") else ","
     rows = []
-    with open(path, encoding="utf-8", newline="") as handle:
-        reader = csv.reader(handle, delimiter=delimiter)
-        header = next(reader, None)
-        if header is None:
-            raise DataFileError(f"{path}: the file is empty (expected a header line naming the columns).")
-        for name in (text_column, label_column):
-            if name not in header:
-                raise DataFileError(
-                    f"{path}:1: no column named {name!r} in the header {header} (delimiter {delimiter!r})."
-                )
-        text_index, label_index = header.index(text_column), header.index(label_column)
-        for fields in reader:
-            number = reader.line_num
-            if not fields:
-                continue
-            if len(fields) != len(header):
-                raise DataFileError(
-                    f"{path}:{number}: expected {len(header)} fields as in the header, got {len(fields)}: {fields!r}."
-                )
-            label = fields[label_index].strip()
-            if not label:
-                raise DataFileError(f"{path}:{number}: the {label_column!r} field is empty.")
-            rows.append(LabelledText(fields[text_index], label, path, number))
+    reader = csv.reader((text for _, text in utf8_lines(path)), delimiter=delimiter)
+    header = next(reader, None)
+    if header is None:
+        raise DataFileError(f"{path}: the file is empty (expected a header line naming the columns).")
+    for name in (text_column, label_column):
+        if name not in header:
+            raise DataFileError(
+                f"{path}:1: no column named {name!r} in the header {header} (delimiter {delimiter!r})."
+            )
+    text_index, label_index = header.index(text_column), header.index(label_column)
+    for fields in reader:
+        number = reader.line_num
+        if not fields:
+            continue
+        if len(fields) != len(header):
+            raise DataFileError(
+                f"{path}:{number}: expected {len(header)} fields as in the header, got {len(fields)}: {fields!r}."
+            )
+        label = fields[label_index].strip()
+        if not label:
+            raise DataFileError(f"{path}:{number}: the {label_column!r} field is empty.")
+        rows.append(LabelledText(fields[text_index], label, path, number))
     if not rows:
         raise DataFileError(f"{path}: no rows after the header line.")
     return rows

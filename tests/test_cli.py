@@ -84,6 +84,12 @@ def test_convert_command_errors(elmo_fixture, tmp_path, capsys):
     assert main(["convert", "--options", str(tmp_path / "nope.json"), "--weights",
                  str(elmo_fixture / "lm_weights.hdf5"), "--output", str(tmp_path / "x")]) == 1
     assert "nope.json: options file not found." in capsys.readouterr().err
+    # --options and --weights swapped: one line that says so.
+    assert main(["convert", "--options", str(elmo_fixture / "lm_weights.hdf5"), "--weights",
+                 str(elmo_fixture / "options.json"), "--output", str(tmp_path / "x")]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {elmo_fixture / 'lm_weights.hdf5'}: not an options file (binary, not UTF-8 JSON text). It is an "
+        "HDF5 file: are --options and --weights swapped?\n")
     assert not (tmp_path / "x").exists()
 
 

@@ -245,6 +245,26 @@ def test_conll_reader_errors_name_file_and_line(tmp_path, conll_text):
     assert [s.where(2) for s in sentences] == [f"{path}:5", f"{path}:15"]
 
 
+@pytest.mark.parametrize("reader", [read_conll, read_text_classification_file])
+def test_readers_take_utf8_and_name_any_other_encoding(reader, tmp_path):
+    text = "text\tlabel\nCafé\tB-LOC\n\n"
+    path = tmp_path / "data.tsv"
+    path.write_bytes(text.encode("utf-8-sig"))  # a UTF-8 byte-order mark (some editors write one) is dropped
+    rows = reader(path)
+    assert (rows[0].words[0] if reader is read_conll else rows[0].label) == ("text" if reader is read_conll else
+                                                                            "B-LOC")
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(DataFileError, match=rf"^{path}:2: not UTF-8 text \(byte 3: b'\\xe9\\tB-'\); expected "
+                                            "UTF-8. Convert the file, e.g. iconv -f LATIN1 -t UTF-8 for Latin-1.$"):
+        reader(path)
+    for encoding, name in (("utf-16", "UTF-16"), ("utf-32", "UTF-32")):
+        path.write_bytes(text.encode(encoding))  # with its byte-order mark
+        with pytest.raises(DataFileError, match=rf"^{path}: the file is {name} \(it starts with a {name} byte-order "
+                                                rf"mark\); expected UTF-8. Convert it: iconv -f {name} -t UTF-8 {path} "
+                                                "> NEW_FILE$"):
+            reader(path)
+
+
 def test_token_example_rejects_unknown_labels_and_reports_the_line(converted_dir, conll_text, tmp_path):
     train, dev = tmp_path / "train.conll", tmp_path / "dev.conll"
     train.write_text(conll_text, encoding="utf-8")
@@ -260,6 +280,22 @@ def test_token_example_rejects_unknown_labels_and_reports_the_line(converted_dir
     assert (f"error: {dev}:8: label 'I-MISC' is not one of the model's labels ['I-LOC', 'I-ORG', 'I-PER', 'O']"
             in result.stderr)
     assert not (tmp_path / "out").exists()
+
+
+def test_example_with_a_mistyped_model_folder_stops_at_once(conll_text, tmp_path):
+    # A path that cannot be a Hub id fails before any Hub request (no retries), in one line.
+    train = tmp_path / "train.conll"
+    train.write_text(conll_text, encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, os.path.join(REPO_ROOT, "examples", "run_token_classification.py"), "--model_name_or_path",
+         str(tmp_path / "elmo-fixtur"), "--train_file", str(train), "--output_dir", str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+        env={**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"},
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'elmo-fixtur'}: no such folder (and not a Hub repo id of the form owner/name).")
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
 
 
 def test_token_example_rejects_word_and_tag_count_mismatches(token_example, converted_dir):
