@@ -256,8 +256,15 @@ def main(argv=None) -> int:
     from .cli import debugging, handle_sigterm, report_error
 
     handle_sigterm()  # also for the `hf-elmo-pretrain` alias, which does not pass through hf_elmo.cli
+    created = not os.path.lexists(args.output_dir)
     try:
-        train(args)
+        try:
+            train(args)
+        except BaseException:
+            if created and latest_checkpoint(args.output_dir) is None:
+                # Nothing to resume from: a failed run leaves no folder (no stray vocab.txt or logs) behind.
+                shutil.rmtree(args.output_dir, ignore_errors=True)
+            raise
     except (CorpusError, BilmTfFormatError, FileNotFoundError, FileExistsError, TrainingDiverged, CheckpointError,
             DataPipelineError, OutputError) as error:
         if debugging():
@@ -462,8 +469,8 @@ def train(args) -> dict:
 
     split_words = WordSplitter(args.pre_tokenizer)
     files = resolve_shards(args.train_files, split_words=split_words)
+    base, encoder = load_encoder(args)  # first: a bad --init-from or --config stops the run before anything is written
     vocab_file = resolve_vocab(args, accelerator, split_words, files)
-    base, encoder = load_encoder(args)
     tokenizer = ElmoTokenizer(
         vocab_file=vocab_file, pre_tokenizer=args.pre_tokenizer,
         max_characters_per_token=base["max_characters_per_token"],

@@ -451,6 +451,12 @@ def test_run_errors_and_empty_lines(corpus, tmp_path, caplog, capsys):
     assert pretrain_main(["--train-files", str(tmp_path / "empty.txt"), "--build-vocab",
                           "--output-dir", str(tmp_path / "c"), *args]) == 1
     assert "empty.txt is empty (no non-blank line)" in error_lines(capsys)[0]
+    assert pretrain_main(["--train-files", str(corpus / "train.txt"), "--build-vocab", "--init-from",
+                          str(tmp_path / "nope"), "--output-dir", str(tmp_path / "c"), *args[2:]]) == 1
+    assert error_lines(capsys) == [f"--init-from: {tmp_path / 'nope'} is not a saved model folder (no "
+                                   "config.json)."]
+    # A run that fails before its first checkpoint leaves nothing behind (no stray vocab.txt).
+    assert not [name for name in os.listdir(tmp_path) if name in "abc"]
 
     # Empty lines are skipped and counted; an epoch here is 9 sentences, so 3 steps of 4 cover one.
     (tmp_path / "gappy.txt").write_text("a b\n\nc d e\n\n\nf\n" + "g h\n" * 6, encoding="utf-8")
