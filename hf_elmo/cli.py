@@ -11,6 +11,7 @@ Run `hf-elmo COMMAND --help` for the options of each command.
 import argparse
 import logging
 import os
+import shutil
 import signal
 import sys
 
@@ -134,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     publish.add_argument("--create-pr", action="store_true",
                          help="open a pull request instead of committing to main.")
     publish.add_argument("--dry-run", action="store_true",
-                         help="no network: prepare the exact folder that would be uploaded, print its path, its "
-                         "files and the model card's path, and keep it.")
+                         help="no network: prepare the exact folder that would be uploaded, print its files and "
+                         "its model card, and remove it.")
     publish.add_argument("--commit-message", default="Upload ELMo model with hf_elmo",
                          help="commit message (default: %(default)r).")
     publish.add_argument("--license", default=None,
@@ -198,12 +199,16 @@ def _run_publish(args) -> int:
         commit_message=args.commit_message, license=args.license, card_file=args.card,
     )
     if commit is None:
-        print(f"Dry run: nothing was uploaded. Prepared folder for {args.repo_id}: {prepared.path}")
-        for name in prepared.files:
-            print(f"  {name}")
-        if prepared.left_out:
-            print(f"Left out: {', '.join(prepared.left_out)}")
-        print(f"Model card: {prepared.card_path}")
+        try:
+            print(f"Dry run: nothing was uploaded. {args.repo_id} would receive:")
+            for name in prepared.files:
+                print(f"  {name}")
+            if prepared.left_out:
+                print(f"Left out: {', '.join(prepared.left_out)}")
+            with open(prepared.card_path, encoding="utf-8") as card:
+                print(f"Model card (README.md):\n{card.read()}")
+        finally:
+            shutil.rmtree(prepared.path, ignore_errors=True)  # a dry run leaves nothing behind
     else:
         print(f"Published {len(prepared.files)} files to {args.repo_id}: {commit.pr_url or commit.commit_url}")
     return 0

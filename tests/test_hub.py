@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -153,7 +154,7 @@ def test_publish_uploads_exactly_the_prepared_folder(converted_dir, hub, tmp_pat
     assert ElmoTokenizer.from_pretrained(tmp_path / "up").word_vocab_size == 458
 
 
-def test_publish_dry_run_touches_no_network_and_keeps_the_folder(converted_dir, tmp_path, capsys, monkeypatch):
+def test_publish_dry_run_touches_no_network_and_leaves_nothing(converted_dir, tmp_path, capsys, monkeypatch):
     def no_network(*args, **kwargs):
         raise AssertionError("a dry run must not call the Hub")
 
@@ -166,17 +167,19 @@ def test_publish_dry_run_touches_no_network_and_keeps_the_folder(converted_dir, 
         (folder / name).write_bytes(b"x")
     (folder / "checkpoint-10").mkdir()
     (folder / "README.md").write_text("# My own notes\n")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     assert main(["publish", str(folder), "--repo-id", "someone/elmo", "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    prepared = lines[0].split(": ")[-1]
-    assert lines[0] == f"Dry run: nothing was uploaded. Prepared folder for someone/elmo: {prepared}"
+    assert lines[0] == "Dry run: nothing was uploaded. someone/elmo would receive:"
     listed = len(PUBLISHED_FILES)
     assert lines[1 : 1 + listed] == [f"  {name}" for name in PUBLISHED_FILES]
     assert lines[1 + listed] == "Left out: checkpoint-10, optimizer.pt, pytorch_model.bin, trainer_state.json"
-    assert lines[2 + listed] == f"Model card: {os.path.join(prepared, 'README.md')}"
-    assert sorted(os.listdir(prepared)) == PUBLISHED_FILES
-    assert ModelCard.load(os.path.join(prepared, "README.md")).data.tags[:3] == ["elmo", "bilm", "hf_elmo"]
-    shutil.rmtree(prepared)
+    assert lines[2 + listed] == "Model card (README.md):"
+    card = ModelCard("\n".join(lines[3 + listed:]))
+    assert card.data.tags[:3] == ["elmo", "bilm", "hf_elmo"] and "# My own notes" not in card.text
+    assert os.listdir(temp) == []  # the prepared folder is gone: a dry run leaves nothing behind
 
 
 def test_publish_a_head_with_a_hand_written_card(converted_dir, hub, tmp_path):
