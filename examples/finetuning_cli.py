@@ -23,6 +23,7 @@ from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
 
 from hf_elmo.finetuning import DataFileError, plot_layer_weights
+from hf_elmo.publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, SOURCE_FILE, folder_model_card
 from hf_elmo.safe_output import (
     OutputError,
     atomic_files_into,
@@ -35,11 +36,13 @@ from hf_elmo.safe_output import (
 
 logger = logging.getLogger(__name__)
 
-# The files a run adds to its output folder besides the model and tokenizer.
+# The files a run adds to its output folder besides the model and tokenizer (metrics.json, our full report of every
+# split and the layer weights, and layer_weights.png are named in hf_elmo.publish, which puts them on the card).
 LABELS_FILE = "labels.json"
-METRICS_FILE = "metrics.json"  # ours: every split's full report, the layer weights (read by the model card)
-LAYER_WEIGHTS_PLOT = "layer_weights.png"
 PREDICTIONS_FILE = "predictions.txt"
+# The training arguments metrics.json records (and the model card shows).
+TRAINING_ARGUMENTS_SHOWN = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+                            "gradient_accumulation_steps", "weight_decay", "warmup_steps", "lr_scheduler_type", "seed")
 
 
 @dataclass
@@ -118,7 +121,7 @@ class ElmoTrainingArguments(TrainingArguments):
         "replace a non-empty --output_dir (one that hf_elmo or the Trainer wrote) when the run has finished; without "
         "it such a folder is refused, unless it holds checkpoints of this run, which are then resumed from."
     )})
-    learning_rate: float = field(default=5e-3, metadata={"help": "peak AdamW learning rate."})
+    learning_rate: float = field(default=1e-2, metadata={"help": "peak AdamW learning rate."})
     num_train_epochs: float = field(default=3.0, metadata={"help": "training epochs."})
     per_device_train_batch_size: int = field(default=32, metadata={"help": "sentences per device in training."})
     per_device_eval_batch_size: int = field(default=32, metadata={"help": "sentences per device in evaluation."})
@@ -304,19 +307,19 @@ def _card_trainer_class():
 
 
 def write_model_card(folder: str, config, repo_id: str | None = None) -> str:
-    """README.md of a fine-tuned folder: the card `hf-elmo publish` generates (labels, metrics.json, the plot)."""
-    from hf_elmo.model_card import elmo_model_card
-    from hf_elmo.publish import read_run_metrics
-
-    card = elmo_model_card(
-        config,
-        repo_id=repo_id,
-        training=read_run_metrics(os.path.join(folder, METRICS_FILE)),
-        layer_weights_plot=LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(folder, LAYER_WEIGHTS_PLOT)) else None,
-    )
+    """README.md of a fine-tuned folder: the card `hf-elmo publish` generates (labels, metrics, plot, provenance)."""
     path = os.path.join(folder, "README.md")
-    card.save(path)
+    folder_model_card(folder, config, repo_id=repo_id).save(path)
     return path
+
+
+def copy_bilm_tf_source(name: str, load_options: dict, folder: str) -> None:
+    """The base model's bilm_tf_source.json (the SHA-256 of the bilm-tf files its biLM came from), if it has one."""
+    from transformers.utils import cached_file
+
+    source = cached_file(name, SOURCE_FILE, _raise_exceptions_for_missing_entries=False, **load_options)
+    if source is not None:
+        shutil.copyfile(source, os.path.join(folder, SOURCE_FILE))
 
 
 def save_results(folder: str, split: str, metrics: dict, all_results: dict) -> None:
@@ -340,13 +343,14 @@ class Task:
     prediction_lines: object  # (predictions, label_ids) -> lines of predictions.txt
 
 
-def run_finetuning(model_args, data_args, training_args, model, tokenizer, task: Task) -> dict:
+def run_finetuning(model_args, data_args, training_args, model, tokenizer, task: Task, load_options: dict) -> dict:
     """
     Train `model` with the Trainer on task.features["train"] (scored on "validation" every epoch when there is
     one), then score "validation" and "test", and write to --output_dir: the model and tokenizer, labels.json,
     metrics.json (every split's report, the layer weights), train/eval/predict/all_results.json,
     predictions.txt for the test data, layer_weights.png and the model card. With --push_to_hub the Trainer pushes
-    as usual and the finished folder, without checkpoints, last. Returns metrics.json's content.
+    as usual and the finished folder, without checkpoints, last. Returns metrics.json's content. `load_options`
+    are the `from_pretrained` options of --model_name_or_path (model_source.resolve_model's).
     """
     do_train, do_eval, do_predict = steps_to_run(training_args, task.features)
     for wanted, split, option in ((do_train, "train", "--train_file"), (do_eval, "validation", "--validation_file"),
@@ -373,7 +377,7 @@ def run_finetuning(model_args, data_args, training_args, model, tokenizer, task:
     def work(folder: str) -> dict:
         training_args.output_dir = folder
         return _train_and_report(model_args, data_args, training_args, model, tokenizer, task, resume,
-                                 (do_train, do_eval, do_predict))
+                                 (do_train, do_eval, do_predict), load_options)
 
     # A full disk: one line, not safetensors' or torch's traceback.
     with no_room_reported(output.path, "complete checkpoints are kept"):
@@ -382,7 +386,8 @@ def run_finetuning(model_args, data_args, training_args, model, tokenizer, task:
     return metrics
 
 
-def _train_and_report(model_args, data_args, training_args, model, tokenizer, task: Task, resume, steps) -> dict:
+def _train_and_report(model_args, data_args, training_args, model, tokenizer, task: Task, resume, steps,
+                      load_options) -> dict:
     do_train, do_eval, do_predict = steps
     folder = training_args.output_dir
 
@@ -412,6 +417,8 @@ def _train_and_report(model_args, data_args, training_args, model, tokenizer, ta
         "data_files": {split: os.path.basename(path) for split, path in (
             ("train", data_args.train_file), ("validation", data_args.validation_file),
             ("test", data_args.test_file)) if path},
+        "training_arguments": {name: getattr(getattr(training_args, name), "value", getattr(training_args, name))
+                               for name in TRAINING_ARGUMENTS_SHOWN},
     }
     results = {}
     if do_train:
@@ -452,6 +459,8 @@ def _train_and_report(model_args, data_args, training_args, model, tokenizer, ta
                 with open(os.path.join(staging, PREDICTIONS_FILE), "w", encoding="utf-8") as handle:
                     handle.writelines(line + "\n" for line in predictions)
             plot_layer_weights({task_name: weights}, os.path.join(staging, LAYER_WEIGHTS_PLOT))
+            if model.config.freeze_elmo:  # the biLM is still the base's: its bilm-tf provenance holds
+                copy_bilm_tf_source(model_args.model_name_or_path, load_options, staging)
             write_model_card(staging, model.config, repo_id=trainer.hub_model_id or training_args.hub_model_id)
     if training_args.push_to_hub:
         # Uploads the finished folder (its card included), checkpoints left out.

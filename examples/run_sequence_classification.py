@@ -169,7 +169,7 @@ def main(argv=None):
 
     task = Task("text-classification", features, id2label, DataCollatorWithPadding(tokenizer), score, summarise,
                 log_report, prediction_lines)
-    return run_finetuning(model_args, data_args, training_args, model, tokenizer, task)
+    return run_finetuning(model_args, data_args, training_args, model, tokenizer, task, load_options)
 
 
 if __name__ == "__main__":

@@ -205,7 +205,7 @@ def main(argv=None):
 
     task = Task("token-classification", features, id2label, DataCollatorForTokenClassification(tokenizer), score,
                 summarise, log_report, prediction_lines)
-    return run_finetuning(model_args, data_args, training_args, model, tokenizer, task)
+    return run_finetuning(model_args, data_args, training_args, model, tokenizer, task, load_options)
 
 
 if __name__ == "__main__":

@@ -64,8 +64,9 @@ def is_bilm_tf_fixture(checksums: dict | None) -> bool:
     return bool(checksums) and checksums.get("weights", {}).get("sha256") == BILM_TF_FIXTURE_WEIGHTS_SHA256
 
 
-def _verification_section(checksums: dict | None) -> tuple[str, dict]:
-    """Prose and metadata about how these weights were checked against bilm-tf."""
+def _verification_section(checksums: dict | None, is_head: bool = False) -> tuple[str, dict]:
+    """Prose and metadata about how these weights (a head's: its biLM's) were checked against bilm-tf."""
+    weights = "the weights of its biLM" if is_head else "these weights"
     g = GOLDEN_FIGURES
     table = (
         "| check (bilm-tf's test model) | max abs diff vs bilm-tf |\n|---|---|\n"
@@ -75,13 +76,14 @@ def _verification_section(checksums: dict | None) -> tuple[str, dict]:
     )
     if is_bilm_tf_fixture(checksums):
         text = (
-            "These are the weights of bilm-tf's own test model (allennlp 0.9.0 `tests/fixtures/elmo`), for which "
+            f"{weights[0].upper() + weights[1:]} are those of bilm-tf's own test model (allennlp 0.9.0 "
+            "`tests/fixtures/elmo`), for which "
             "bilm-tf's outputs are published. This model reproduces them:\n\n" + table
         )
         return text, {"compared_with_bilm_tf_outputs": True, "max_abs_diff": dict(g)}
     if checksums:
         text = (
-            "bilm-tf published no outputs for these weights, so they were not compared with bilm-tf directly. "
+            f"bilm-tf published no outputs for {weights}, so they were not compared with bilm-tf directly. "
             "What was verified: the converter checked every dataset of the weight file for presence, shape (from "
             "the options file), float dtype and finite values, and wrote every tensor it read; the reverse export "
             "(`hf-elmo convert --to-bilm-tf`) reproduces bilm-tf's file layout bit for bit. The implementation "
@@ -89,7 +91,8 @@ def _verification_section(checksums: dict | None) -> tuple[str, dict]:
         )
         return text, {"compared_with_bilm_tf_outputs": False, "implementation_max_abs_diff": dict(g)}
     text = (
-        "This model was not converted from bilm-tf files. The implementation matches bilm-tf on bilm-tf's own "
+        f"{'Its biLM' if is_head else 'This model'} was not converted from bilm-tf files. The implementation "
+        "matches bilm-tf on bilm-tf's own "
         "test model:\n\n" + table
     )
     return text, {"compared_with_bilm_tf_outputs": False, "implementation_max_abs_diff": dict(g)}
@@ -179,12 +182,19 @@ def _finetuning_sections(config: ElmoConfig, pipeline_tag: str, training: dict |
     if not training:
         return sections
     data = training.get("datasets") or []
-    source = ", ".join(f"[`{d}`](https://huggingface.co/datasets/{d})" for d in data) or f"`{training.get('task')}`"
-    lines = [f"Fine-tuned from `{training.get('model')}` on {source} with hf_elmo's example scripts (the biLM "
-             f"{'frozen' if config.freeze_elmo else 'fine-tuned too'}, a learned scalar mix of its layers, "
-             f"{'a biLSTM and ' if config.head_lstm_dim else ''}a linear classifier)."]
+    files = training.get("data_files") or {}
+    source = (", ".join(f"[`{d}`](https://huggingface.co/datasets/{d})" for d in data)
+              or ", ".join(f"`{name}` ({split})" for split, name in files.items()) or "its task's data")
+    head = ("a biLSTM and " if config.head_lstm_dim else "") + (
+        "a CRF" if getattr(config, "head_crf", False) else "a linear classifier")
+    lines = [f"Task `{training.get('task')}`, fine-tuned from `{training.get('model')}` on {source} with hf_elmo's "
+             f"example scripts (the biLM {'frozen' if config.freeze_elmo else 'fine-tuned too'}, a learned scalar "
+             f"mix of its layers, {head})."]
     if training.get("train_loss") is not None:
         lines.append(f"Final training loss: {training['train_loss']:.4f}.")
+    settings = training.get("training_arguments") or {}
+    if settings:
+        lines.append("Training arguments: " + ", ".join(f"`{k}={v}`" for k, v in settings.items()) + ".")
     sections += ["## Training", " ".join(lines)]
 
     splits = [split for split in ("validation", "test") if split in training]
@@ -264,7 +274,8 @@ def elmo_model_card(
     converted = bool(checksums)
     pipeline_tag = pipeline_tag_of(architecture)
     n_layers = config.num_lstm_layers + 1
-    verification, verification_meta = _verification_section(checksums)
+    verification, verification_meta = _verification_section(checksums, pipeline_tag_of(architecture) in (
+        "token-classification", "text-classification"))
     tags = ["elmo", "bilm", "hf_elmo", "custom_code"] + (["bilm-tf"] if converted else [])
     is_head = pipeline_tag in ("token-classification", "text-classification")
     eval_results = _eval_results(pipeline_tag, training) if is_head else None

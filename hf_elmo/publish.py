@@ -37,7 +37,7 @@ from .weight_checks import WeightCheckError
 logger = logging.getLogger(__name__)
 
 SOURCE_FILE = "bilm_tf_source.json"
-# Written by the fine-tuning examples (train_and_report in examples/finetuning_cli.py); the card shows them.
+# Written by the fine-tuning examples (examples/finetuning_cli.py); the card shows them.
 METRICS_FILE = "metrics.json"
 LAYER_WEIGHTS_PLOT = "layer_weights.png"
 # Never published: Trainer/Accelerate state and weights in formats other than the re-saved safetensors.
@@ -134,6 +134,21 @@ def read_run_metrics(path: str) -> dict | None:
     return None
 
 
+def folder_model_card(model_dir: str, config, repo_id: str | None = None, license: str | None = None):
+    """
+    The card of an ELMo folder, from what it holds: the converter's bilm_tf_source.json and, for a fine-tuned head,
+    the run's metrics.json and layer_weights.png. `hf-elmo publish` and the fine-tuning examples both write it.
+    """
+    return elmo_model_card(
+        config,
+        checksums=_read_json(os.path.join(model_dir, SOURCE_FILE)),
+        repo_id=repo_id,
+        license=license,
+        training=read_run_metrics(os.path.join(model_dir, METRICS_FILE)),
+        layer_weights_plot=LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(model_dir, LAYER_WEIGHTS_PLOT)) else None,
+    )
+
+
 def _refuse_links_outside(model_dir: str) -> None:
     """
     Stop before anything is read if an entry of the folder is a link whose target lies outside it: loading or
@@ -192,17 +207,7 @@ def prepare_folder(
             # Not a card hf_elmo generated: the user may have written it.
             logger.warning("%s is replaced by a card generated from the folder's metadata; pass --card %s to "
                            "publish it instead", readme, readme)
-        checksums = _read_json(os.path.join(model_dir, SOURCE_FILE))
-        card = elmo_model_card(
-            config,
-            checksums=checksums,
-            repo_id=repo_id,
-            license=license,
-            training=read_run_metrics(os.path.join(model_dir, METRICS_FILE)),
-            layer_weights_plot=(
-                LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(staging, LAYER_WEIGHTS_PLOT)) else None
-            ),
-        )
+        card = folder_model_card(model_dir, config, repo_id=repo_id, license=license)
     card.save(card_path)
 
     files = sorted(

@@ -88,6 +88,17 @@ def test_token_classification_example_fits_conll(token_example, converted_dir, c
     assert results["all"] == {**results["train"], **results["eval"], **results["predict"]}
     assert metrics["data_files"] == {"train": "train.conll", "validation": "conll2003.txt", "test": "conll2003.txt"}
     assert oct(os.stat(output / "model.safetensors").st_mode & 0o777) == oct(0o666 & ~_umask())
+    # Provenance: the biLM's bilm-tf source (kept, the biLM was frozen), the task, data files and settings.
+    assert (output / "bilm_tf_source.json").read_bytes() == (converted_dir / "bilm_tf_source.json").read_bytes()
+    card = (output / "README.md").read_text()
+    assert ("The weights of its biLM are those of bilm-tf's own test model (allennlp 0.9.0 `tests/fixtures/elmo`), "
+            "for which bilm-tf's outputs are published.") in card
+    assert (f"Task `NER`, fine-tuned from `{converted_dir}` on `train.conll` (train), `conll2003.txt` (validation), "
+            "`conll2003.txt` (test) with hf_elmo's example scripts (the biLM frozen, a learned scalar mix of its "
+            "layers, a linear classifier).") in card
+    assert ("Training arguments: `learning_rate=0.1`, `num_train_epochs=8.0`, `max_steps=-1`, "
+            "`per_device_train_batch_size=2`, `gradient_accumulation_steps=1`, `weight_decay=0.0`, `warmup_steps=0`, "
+            "`lr_scheduler_type=linear`, `seed=42`.") in card
 
 
 def test_sequence_classification_example_fits_real_sentences(sequence_example, converted_dir, elmo_fixture, tmp_path):
@@ -148,7 +159,7 @@ def test_help_shows_the_transformers_options_and_ours(name, capsys):
                    "--label_list", "--unfreeze_elmo", "--head_lstm_dim", "--mix_layer_norm", "--train_file",
                    "--dataset_name", "--task_name"):
         assert f"{option} " in text, option
-    assert "peak AdamW learning rate. (default: 0.005)" in text and "Example" in text
+    assert "peak AdamW learning rate. (default: 0.01)" in text and "Example" in text
 
 
 def _umask() -> int:

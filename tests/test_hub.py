@@ -90,7 +90,7 @@ def test_card_of_a_head_names_its_task_and_pipeline(converted_dir):
     assert ('pipeline("token-classification", model="someone/elmo-ner", trust_remote_code=True, '
             'aggregation_strategy="simple")') in card.text
     assert card.data.hf_elmo["labels"] == ["LABEL_0", "LABEL_1"] and "| 1 | `LABEL_1` |" in card.text
-    assert "This model was not converted from bilm-tf files." in card.text
+    assert "Its biLM was not converted from bilm-tf files." in card.text
     assert "This model is published under `apache-2.0`." in card.text
 
 
