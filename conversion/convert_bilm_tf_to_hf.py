@@ -12,8 +12,8 @@ import argparse
 import logging
 import sys
 
-from hf_elmo.cli import handle_sigterm, run_reporting_errors
-from hf_elmo.convert import add_convert_arguments, run_convert
+from hf_elmo.cli import add_convert_arguments, handle_sigterm, run_reporting_errors
+from hf_elmo.convert import run_convert
 
 
 def main(argv=None) -> int:

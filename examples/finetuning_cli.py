@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
 
+from hf_elmo.cli import THREADS_HELP, set_threads
 from hf_elmo.finetuning import DataFileError, plot_layer_weights
 from hf_elmo.publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, SOURCE_FILE, folder_model_card
 from hf_elmo.safe_output import (
@@ -133,6 +134,7 @@ class ElmoTrainingArguments(TrainingArguments):
     )})
     save_total_limit: int | None = field(default=2, metadata={"help": "keep at most this many checkpoints."})
     logging_steps: float = field(default=50, metadata={"help": "log the training loss every this many steps."})
+    threads: int | None = field(default=None, metadata={"help": THREADS_HELP})
 
     def __post_init__(self):
         # What the command line said, before TrainingArguments fills in its own defaults.
@@ -167,9 +169,10 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
         parser.error("give the data: --train_file (and --validation_file, --test_file), or --dataset_name")
     if data.dataset_name and (data.train_file or data.validation_file or data.test_file):
         parser.error("--dataset_name and --train_file / --validation_file / --test_file are exclusive")
-    for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
-        if getattr(data, name) is not None and getattr(data, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(data, name)}")
+    for name in ("max_train_samples", "max_eval_samples", "max_predict_samples", "threads"):
+        value = getattr(training if name == "threads" else data, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be >= 1, got {value}")
     if training.push_to_hub:
         from huggingface_hub import constants, get_token
 
@@ -362,6 +365,7 @@ def run_finetuning(model_args, data_args, training_args, model, tokenizer, task:
         if training_args.load_best_model_at_end:
             raise DataFileError("--load_best_model_at_end needs validation data: give --validation_file.")
         training_args.eval_strategy = IntervalStrategy.NO
+    set_threads(training_args.threads)
     inputs = [model_args.model_name_or_path, data_args.train_file, data_args.validation_file, data_args.test_file]
     output = OutputFolder(training_args.output_dir, training_args.overwrite_output_dir, inputs)
     resume = training_args.resume_from_checkpoint

@@ -1,58 +1,45 @@
 """hf_elmo: ELMo (Peters et al., 2018) as a Hugging Face Transformers model.
 
 Importing the package registers the ELMo classes with the Auto classes, and marks every class for
-`trust_remote_code` saving so that any folder written by `save_pretrained` loads where hf_elmo is not installed.
+`trust_remote_code` saving so that any folder written by `save_pretrained` loads where hf_elmo is not installed
+(hf_elmo.auto_registration: at once when transformers is imported, else as soon as it is). The classes below load
+on first use, so that importing the package, or its command line, costs nothing until a model is needed.
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForPreTraining,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-    AutoTokenizer,
-)
+import importlib
 
-from .configuration_elmo import ELMO_PRESETS, ElmoConfig
-from .modeling_elmo import (
-    ElmoForPreTraining,
-    ElmoForPreTrainingOutput,
-    ElmoForSequenceClassification,
-    ElmoForTokenClassification,
-    ElmoModel,
-    ElmoModelOutput,
-    ElmoPreTrainedModel,
-    ElmoScalarMix,
-)
-from .tokenization_elmo import ElmoTokenizer
+from .auto_registration import register_when_possible
 
 
 __version__ = "0.1.0"
 
-AutoConfig.register(ElmoConfig.model_type, ElmoConfig, exist_ok=True)
-AutoModel.register(ElmoConfig, ElmoModel, exist_ok=True)
-AutoTokenizer.register(ElmoConfig, slow_tokenizer_class=ElmoTokenizer, exist_ok=True)
-AutoModelForTokenClassification.register(ElmoConfig, ElmoForTokenClassification, exist_ok=True)
-AutoModelForSequenceClassification.register(ElmoConfig, ElmoForSequenceClassification, exist_ok=True)
-AutoModelForPreTraining.register(ElmoConfig, ElmoForPreTraining, exist_ok=True)
+# Public name -> the module that defines it.
+_EXPORTS = {
+    "ELMO_PRESETS": "elmo_presets",
+    "ElmoConfig": "configuration_elmo",
+    "ElmoForPreTraining": "modeling_elmo",
+    "ElmoForPreTrainingOutput": "modeling_elmo",
+    "ElmoForSequenceClassification": "modeling_elmo",
+    "ElmoForTokenClassification": "modeling_elmo",
+    "ElmoModel": "modeling_elmo",
+    "ElmoModelOutput": "modeling_elmo",
+    "ElmoPreTrainedModel": "modeling_elmo",
+    "ElmoScalarMix": "modeling_elmo",
+    "ElmoTokenizer": "tokenization_elmo",
+}
+__all__ = sorted(_EXPORTS)
 
-ElmoConfig.register_for_auto_class()
-ElmoModel.register_for_auto_class("AutoModel")
-ElmoTokenizer.register_for_auto_class("AutoTokenizer")
-ElmoForTokenClassification.register_for_auto_class("AutoModelForTokenClassification")
-ElmoForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
-ElmoForPreTraining.register_for_auto_class("AutoModelForPreTraining")
 
-__all__ = [
-    "ELMO_PRESETS",
-    "ElmoConfig",
-    "ElmoForPreTraining",
-    "ElmoForPreTrainingOutput",
-    "ElmoForSequenceClassification",
-    "ElmoForTokenClassification",
-    "ElmoModel",
-    "ElmoModelOutput",
-    "ElmoPreTrainedModel",
-    "ElmoScalarMix",
-    "ElmoTokenizer",
-]
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+register_when_possible(__name__)

@@ -58,8 +58,40 @@ DEBUG_VARIABLE = "HF_ELMO_DEBUG"
 ERROR_EXIT = 1
 
 
+def add_convert_arguments(parser) -> None:
+    """The converter's command-line options, shared by `conversion/` and `hf-elmo convert`."""
+    parser.add_argument("--options", help="bilm-tf options.json (architecture of the model).")
+    parser.add_argument("--weights", help="bilm-tf weights .hdf5 (as written by bilm-tf's dump_weights).")
+    parser.add_argument("--vocab", default=None, help="optional bilm-tf vocabulary file (one word per line), "
+                        "saved with the tokenizer for language-model heads.")
+    parser.add_argument("--output", required=True, help="folder to write; created atomically (nothing is left "
+                        "behind on failure).")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it is a folder this tool wrote "
+                        "(an ELMo model folder or a bilm-tf export); never an input or the current folder.")
+    parser.add_argument("--to-bilm-tf", metavar="MODEL_DIR", default=None,
+                        help="reverse direction: export the hf_elmo model in MODEL_DIR as options.json + "
+                        "weights.hdf5 into --output (then --options/--weights are not used).")
+    parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar.")
+
+
+THREADS_HELP = ("torch CPU threads of this process (default: torch's choice, one per core). On a machine that is "
+                "busy with other work, or with several processes of a run, fewer than the cores is often faster: "
+                "threads that wait for a busy core hold up every step (README: Command line).")
+
+
+def add_threads_argument(parser) -> None:
+    parser.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
+
+
+def set_threads(threads: int | None) -> None:
+    """`--threads`: the torch CPU threads of this process (None keeps torch's default)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from .convert import add_convert_arguments
     from .embed import LAYER_CHOICES
 
     parser = argparse.ArgumentParser(
@@ -79,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the source files. With --to-bilm-tf MODEL_DIR it goes the other way.",
     )
     add_convert_arguments(convert)
+    add_threads_argument(convert)
     convert.set_defaults(run=lambda args: _run_convert(args, convert))
 
     embed = commands.add_parser(
@@ -120,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--overwrite", action="store_true",
                        help="replace OUTPUT if it is an HDF5 file written by hf-elmo embed (never INPUT).")
     embed.add_argument("--no-progress", action="store_true", help="do not show a progress bar.")
+    add_threads_argument(embed)
     embed.set_defaults(run=_run_embed)
 
     publish = commands.add_parser(
@@ -215,15 +249,12 @@ def _run_publish(args) -> int:
 
 
 def _run_pretrain(argv: list[str]) -> int:
-    try:
-        from .pretraining import main as pretrain_main
-    except ModuleNotFoundError as error:
-        if error.name != "hf_elmo.pretraining":
-            raise
-        print("error: pretraining is not available in this version of hf_elmo (no hf_elmo.pretraining).",
-              file=sys.stderr)
-        return ERROR_EXIT
-    return pretrain_main(argv) or 0
+    from .pretraining_args import parse_args
+
+    args = parse_args(argv)  # --help and usage errors end here, before torch is imported
+    from .pretraining import run
+
+    return run(args)
 
 
 def _interrupt(signum, frame):
@@ -256,37 +287,40 @@ def report_error(error: BaseException) -> int:
     return ERROR_EXIT
 
 
+def _expected_errors() -> tuple:
+    """The failures every command reports in one line (imported when one happens: some modules need torch)."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    from .bilm_tf import BilmTfFormatError
+    from .embed import EmbedInputError, EmbedOutputError
+    from .finetuning import DataFileError
+    from .model_source import ModelSourceError
+    from .publish import PublishError
+    from .weight_checks import WeightCheckError
+
+    return (BilmTfFormatError, EmbedInputError, EmbedOutputError, PublishError, ModelSourceError, WeightCheckError,
+            FileExistsError, HfHubHTTPError, DataFileError)
+
+
 def run_reporting_errors(run, what: str) -> int:
     """
     `run()`, with every expected failure turned into one `error: ...` line on stderr and exit status 1 (130 for an
     interrupt): bad input files, outputs that may not be written, bad weights, Hub errors and timeouts. With
     HF_ELMO_DEBUG=1 (`hf-elmo --debug`) they raise, with their traceback.
     """
-    from huggingface_hub.errors import HfHubHTTPError
-
-    from .bilm_tf import BilmTfFormatError
-    from .embed import EmbedInputError, EmbedOutputError
-    from .finetuning import DataFileError
-    from .hub_timeouts import describe_timeout
-    from .model_source import ModelSourceError
-    from .publish import PublishError
-    from .safe_output import os_error_line
-    from .weight_checks import WeightCheckError
-
-    expected = (BilmTfFormatError, EmbedInputError, EmbedOutputError, PublishError, ModelSourceError,
-                WeightCheckError, FileExistsError, HfHubHTTPError, DataFileError)
     try:
         return run()
-    except expected as error:
-        if debugging():
-            raise
-        return report_error(error)
     except KeyboardInterrupt:
         print("interrupted; no partial output is left behind", file=sys.stderr)
         return 130
     except Exception as error:
         if debugging():
             raise
+        if isinstance(error, _expected_errors()):
+            return report_error(error)
+        from .hub_timeouts import describe_timeout
+        from .safe_output import os_error_line
+
         timed_out = describe_timeout(error, what)
         if timed_out is not None:
             return report_error(timed_out)
@@ -323,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_reporting_errors(lambda: _run_pretrain(rest), _what(args))
         logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                             format="%(levelname)s %(name)s: %(message)s")
+        set_threads(getattr(args, "threads", None))
         return run_reporting_errors(lambda: args.run(args), _what(args))
     finally:
         if args.debug and previous is None:

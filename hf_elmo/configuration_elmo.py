@@ -2,6 +2,8 @@
 
 from transformers import PreTrainedConfig
 
+from .elmo_presets import ELMO_PRESETS
+
 
 # ---------------------------------------------------------------------------------------------
 # The character-id scheme of bilm-tf. A word is its UTF-8 bytes (ids 0-255) cut to
@@ -57,13 +59,8 @@ def char_ids_to_word(row, max_characters_per_token: int = 50) -> str:
     return bytes(c for c in inner if c < 256).decode("utf-8", errors="replace")
 
 
-# The published allenai configurations (bilm-tf options), by the name users know them by.
+# The character filters of every published allenai configuration (2048 in all).
 _RELEASED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
-ELMO_PRESETS = {
-    "small": {"lstm_dim": 1024, "projection_dim": 128, "n_highway": 1},  # 2x1024_128_2048cnn_1xhighway
-    "medium": {"lstm_dim": 2048, "projection_dim": 256, "n_highway": 1},  # 2x2048_256_2048cnn_1xhighway
-    "original": {"lstm_dim": 4096, "projection_dim": 512, "n_highway": 2},  # 2x4096_512_2048cnn_2xhighway
-}
 
 
 # What `ElmoConfig.elmo_implementation` accepts (None: chosen per call by the inputs' device).

@@ -95,22 +95,6 @@ def convert_hf_to_bilm_tf(
     return os.path.join(output_dir, "options.json"), os.path.join(output_dir, "weights.hdf5")
 
 
-def add_convert_arguments(parser) -> None:
-    """The converter's command-line options, shared by `conversion/` and `hf-elmo convert`."""
-    parser.add_argument("--options", help="bilm-tf options.json (architecture of the model).")
-    parser.add_argument("--weights", help="bilm-tf weights .hdf5 (as written by bilm-tf's dump_weights).")
-    parser.add_argument("--vocab", default=None, help="optional bilm-tf vocabulary file (one word per line), "
-                        "saved with the tokenizer for language-model heads.")
-    parser.add_argument("--output", required=True, help="folder to write; created atomically (nothing is left "
-                        "behind on failure).")
-    parser.add_argument("--overwrite", action="store_true", help="replace --output if it is a folder this tool wrote "
-                        "(an ELMo model folder or a bilm-tf export); never an input or the current folder.")
-    parser.add_argument("--to-bilm-tf", metavar="MODEL_DIR", default=None,
-                        help="reverse direction: export the hf_elmo model in MODEL_DIR as options.json + "
-                        "weights.hdf5 into --output (then --options/--weights are not used).")
-    parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar.")
-
-
 def run_convert(args, parser) -> int:
     if args.to_bilm_tf:
         options, weights = convert_hf_to_bilm_tf(args.to_bilm_tf, args.output, overwrite=args.overwrite)

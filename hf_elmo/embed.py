@@ -30,20 +30,27 @@ Rules:
   to the same output removes).
 """
 
+from __future__ import annotations
+
 import json
 import logging
 import os
 import sys
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from .model_source import resolve_model
-from .modeling_elmo import ElmoModel
 from .safe_output import OutputError, atomic_output_file, check_replaceable_file, room_for
-from .tokenization_elmo import ElmoTokenizer
+
+
+if TYPE_CHECKING:
+    from .modeling_elmo import ElmoModel
+    from .tokenization_elmo import ElmoTokenizer
+# torch, transformers and the model classes are imported by the functions that compute: `hf-elmo --help` builds
+# its parser from this module (LAYER_CHOICES) and must not pay for them.
 
 
 logger = logging.getLogger(__name__)
@@ -171,6 +178,9 @@ def load_model_and_tokenizer(model_name_or_path: str, device: str) -> tuple[Elmo
     wrong vectors without a word.
     """
     from transformers.utils import cached_file
+
+    from .modeling_elmo import ElmoModel
+    from .tokenization_elmo import ElmoTokenizer
 
     name, extra = resolve_model(model_name_or_path)
     model = ElmoModel.from_pretrained(name, **extra).to(device).eval()
@@ -315,20 +325,22 @@ def _dataset_shape(layers: str, config, num_words: int) -> tuple[int, ...]:
     return (num_words, config.hidden_size)
 
 
-@torch.inference_mode()
 def _embed_batch(model, tokenizer, pieces: list[_Piece], layers: str, out, dtype, device) -> None:
+    import torch
+
     batch = tokenizer([p.words for p in pieces], is_split_into_words=True, padding=True, return_tensors="pt")
-    output = model(
-        input_ids=batch["input_ids"].to(device),
-        attention_mask=batch["attention_mask"].to(device),
-        output_hidden_states=layers != "top",
-    )
-    if layers == "top":
-        vectors = output.last_hidden_state  # (batch, words, H)
-    else:
-        stacked = torch.stack(output.hidden_states, dim=1)  # (batch, L + 1, words, H)
-        vectors = stacked if layers == "all" else stacked.mean(dim=1)
-    vectors = vectors.float().cpu().numpy()
+    with torch.inference_mode():
+        output = model(
+            input_ids=batch["input_ids"].to(device),
+            attention_mask=batch["attention_mask"].to(device),
+            output_hidden_states=layers != "top",
+        )
+        if layers == "top":
+            vectors = output.last_hidden_state  # (batch, words, H)
+        else:
+            stacked = torch.stack(output.hidden_states, dim=1)  # (batch, L + 1, words, H)
+            vectors = stacked if layers == "all" else stacked.mean(dim=1)
+        vectors = vectors.float().cpu().numpy()
     word_axis = 2 if layers == "all" else 1
     for row, piece in enumerate(pieces):
         own = vectors[row, :, : len(piece.words)] if word_axis == 2 else vectors[row, : len(piece.words)]

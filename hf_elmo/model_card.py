@@ -3,7 +3,7 @@
 A card is built from what a folder knows about itself: its `ElmoConfig` (shape, architecture, labels), the SHA-256 of
 the bilm-tf files it was converted from (`bilm_tf_source.json`, written by the converter), how it was checked
 against bilm-tf and, for a fine-tuned head, the run's `metrics.json` and `layer_weights.png` (written by the
-examples' `train_and_report` in examples/finetuning_cli.py). The same facts go into the YAML metadata (`base_model`,
+examples' `run_finetuning` in examples/finetuning_cli.py). The same facts go into the YAML metadata (`base_model`,
 `datasets`, `model-index` and, under `hf_elmo:`, the rest) and into the prose.
 """
 
@@ -152,7 +152,7 @@ of a text file to HDF5."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Fine-tuned heads: labels, the run's metrics (metrics.json, from train_and_report in examples/finetuning_cli.py) and
+# Fine-tuned heads: labels, the run's metrics (metrics.json, from run_finetuning in examples/finetuning_cli.py) and
 # the layer weights it learned.
 # ---------------------------------------------------------------------------------------------------------------
 def _split_summary(pipeline_tag: str, report: dict) -> dict[str, float]:

@@ -125,7 +125,7 @@ def _read_json(path: str) -> dict | None:
 
 
 def read_run_metrics(path: str) -> dict | None:
-    """A fine-tuning run's metrics.json (as train_and_report writes it), else None: other files may share the name."""
+    """A fine-tuning run's metrics.json (as the examples write it), else None: other files may share the name."""
     metrics = _read_json(path)
     if isinstance(metrics, dict) and isinstance(metrics.get("layer_weights"), list) and "task" in metrics:
         return metrics

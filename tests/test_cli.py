@@ -49,19 +49,58 @@ def test_top_level_help_lists_every_command(capsys):
 
 
 # ---------------------------------------------------------------------------------------------- pretrain
-def test_pretrain_passes_every_argument_through(monkeypatch):
-    received = []
-    stub = type(sys)("hf_elmo.pretraining")
-    stub.main = lambda argv: received.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "hf_elmo.pretraining", stub)
-    assert main(["pretrain", "--help", "--train-file", "a b.txt", "-v"]) == 0
-    assert received == [["--help", "--train-file", "a b.txt", "-v"]]
+def test_pretrain_help_and_usage_errors_are_its_own(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["pretrain", "--help"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: hf-elmo pretrain ")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["pretrain", "--train-files", "a b.txt", "--output-dir", "out", "--threads", "0"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("usage: hf-elmo pretrain ")
+    assert err.strip().endswith("the following arguments are required: --max-steps")
 
 
-def test_pretrain_without_the_module_is_a_clear_error(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "hf_elmo.pretraining", None)  # import fails as if the file were absent
-    assert main(["pretrain", "--epochs", "1"]) == 1
-    assert "pretraining is not available in this version of hf_elmo" in capsys.readouterr().err
+HEAVY_IMPORTS = """
+import json, sys
+from hf_elmo.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] in ("torch", "transformers"))))
+"""
+
+
+REGISTERED = """
+import sys
+{imports}
+from transformers import AutoConfig, AutoModelForTokenClassification
+config = AutoConfig.from_pretrained(sys.argv[1])  # no trust_remote_code: the registered classes
+model = AutoModelForTokenClassification.from_pretrained(sys.argv[1], num_labels=3)
+print(type(config).__module__, type(model).__module__, type(model).__name__)
+"""
+
+
+@pytest.mark.parametrize("imports", [
+    "import hf_elmo",  # before transformers: registered once transformers is imported
+    "import transformers, hf_elmo",  # after it: registered at once
+    "from hf_elmo.modeling_elmo import ElmoModel",  # a module first: registered once it is complete
+])
+def test_importing_hf_elmo_registers_the_auto_classes(imports, converted_dir):
+    result = subprocess.run([sys.executable, "-c", REGISTERED.format(imports=imports), str(converted_dir)],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1"})
+    assert result.stdout.split() == ["hf_elmo.configuration_elmo", "hf_elmo.modeling_elmo",
+                                     "ElmoForTokenClassification"], result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("command", [[], ["convert"], ["embed"], ["publish"], ["pretrain"]])
+def test_help_imports_neither_torch_nor_transformers(command):
+    # What makes --help fast (under a second, against ~10 s with them): nothing heavy is imported to print it.
+    result = subprocess.run([sys.executable, "-c", HEAVY_IMPORTS, *command, "--help"], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    assert result.stdout.startswith(f"usage: hf-elmo {command[0] if command else ''}".rstrip()), result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
 
 
 # ---------------------------------------------------------------------------------------------- convert

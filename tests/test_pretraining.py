@@ -359,7 +359,7 @@ def test_training_on_english_lowers_heldout_perplexity(trained, corpus, caplog):
 def test_report_to_defaults_to_what_is_installed(monkeypatch):
     import accelerate.utils
 
-    from hf_elmo.pretraining import build_parser, check_args
+    from hf_elmo.pretraining_args import build_parser, check_args
 
     parser = build_parser()
     required = ["--train-files", "x", "--config", "small", "--output-dir", "o", "--max-steps", "1"]

@@ -1,0 +1,186 @@
+"""Pretrain (or adapt) an ELMo biLM with Accelerate: one CPU, many GPUs, resumable.
+
+    hf-elmo pretrain --train-files 'corpus/train-*.txt' --eval-file corpus/heldout.txt --build-vocab --min-count 3 \\
+        --config small --batch-size 64 --max-steps 100000 --output-dir elmo-news
+
+    accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 -m hf_elmo.cli pretrain ...same options...
+
+(`hf-elmo-pretrain` and `python -m hf_elmo.pretraining` are older names of the same program.)
+
+The corpus is plain text, one sentence per line, in any number of shards (globs). It is streamed, so it may be
+larger than memory. Batches are whole sentences, each read from a zero LSTM state (see hf_elmo.pretraining_data for
+why this and not bilm-tf's stateful 20-token windows). The objective is bilm-tf's: forward and backward LM losses
+over a frequency-sorted word vocabulary, one softmax shared by both directions, a sampled softmax with 8192
+log-uniform negatives in training, the full softmax for evaluation. So is the recipe, by default: a new model
+starts from bilm-tf's initialisers, dropout 0.1 on every LSTM layer's input and on the top layer, the gradient
+of the mean loss x 20 (bilm-tf's unroll_steps), clipped to a global norm of 10, and Adagrad (lr 0.2, initial
+accumulator 1.0).
+
+OUTPUT_DIR ends up holding the final model (`AutoModel.from_pretrained(OUTPUT_DIR)` gives the biLM,
+`AutoModelForPreTraining` the biLM with its softmax), the tokenizer with the vocabulary (vocab.txt, bilm-tf's
+format), `checkpoint-STEP/` folders (`--resume` continues from the latest one exactly as if never stopped), every
+metric in metrics.jsonl (and TensorBoard logs under logs/ when TensorBoard is installed), training_args.json and
+eval_results.json. Export the biLM for bilm-tf with
+conversion/convert_hf_to_bilm_tf.py.
+"""
+
+import argparse
+import math
+
+from .elmo_presets import ELMO_PRESETS
+
+
+DEFAULT_LEARNING_RATES = {"adagrad": 0.2, "adamw": 1e-3}
+# Transformers' schedules that need nothing but the warm-up and total steps.
+LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "polynomial", "inverse_sqrt")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .cli import THREADS_HELP
+
+    parser = argparse.ArgumentParser(
+        prog="hf-elmo pretrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    data = parser.add_argument_group("data")
+    data.add_argument("--train-files", nargs="+", required=True, metavar="GLOB",
+                      help="training text: one sentence per line, UTF-8; one or more files or glob patterns (quote "
+                      "them), read as shards in a new shuffled order every epoch.")
+    data.add_argument("--eval-file", default=None,
+                      help="held-out text (same format) for forward/backward perplexity with the full softmax.")
+    data.add_argument("--pre-tokenizer", choices=("ptb", "bert", "whitespace"), default="ptb",
+                      help="how lines are split into words, saved with the tokenizer so that later use splits text "
+                      "the same way (default: %(default)s; 'whitespace' for text that is already tokenised).")
+    data.add_argument("--max-sentence-words", type=int, default=100,
+                      help="lines with more words are cut into pieces of at most this many (default: %(default)s).")
+    data.add_argument("--shuffle-window", type=int, default=100_000,
+                      help="sentences read and shuffled together; the memory held by the data stream "
+                      "(default: %(default)s).")
+    data.add_argument("--no-group-by-length", action="store_true",
+                      help="do not batch sentences of similar length together inside a shuffle window (grouping "
+                      "saves padding; batches are still shuffled).")
+    data.add_argument("--num-workers", type=int, default=2,
+                      help="DataLoader worker processes per training process that read the corpus and build the "
+                      "batches while the model trains; 0 = build them in the training process. The batches are "
+                      "the same whatever the number (default: %(default)s).")
+    data.add_argument("--data-timeout", type=float, default=600.0,
+                      help="with --num-workers > 0: stop with an error when the workers deliver no batch for this "
+                      "many seconds, instead of waiting forever for a worker that cannot hand its batch over (a small "
+                      "/dev/shm, a file-size limit); 0 = wait forever (default: %(default)s).")
+
+    vocab = parser.add_argument_group("word vocabulary (the softmax targets)")
+    vocab.add_argument("--vocab", default=None,
+                       help="bilm-tf vocabulary file: one word per line, <S> </S> <UNK> first, most frequent first.")
+    vocab.add_argument("--build-vocab", action="store_true",
+                       help="count the words of --train-files and write OUTPUT_DIR/vocab.txt (bilm-tf's format).")
+    vocab.add_argument("--min-count", type=int, default=1,
+                       help="with --build-vocab: keep words seen at least this often (default: %(default)s).")
+    vocab.add_argument("--max-vocab-size", type=int, default=None,
+                       help="with --build-vocab: keep at most this many entries, <S> </S> <UNK> included.")
+
+    model = parser.add_argument_group("model")
+    source = model.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", default=None,
+                        help=f"a new model: a preset ({', '.join(sorted(ELMO_PRESETS))}), a config.json, a model "
+                        "folder (its config only) or a bilm-tf options.json.")
+    source.add_argument("--init-from", default=None, metavar="FOLDER",
+                        help="start from this model's biLM (a converted bilm-tf model or any hf_elmo folder; domain "
+                        "adaptation) with a fresh softmax. Its vocab.txt is used if no --vocab/--build-vocab.")
+    model.add_argument("--num-softmax-samples", type=int, default=8192,
+                       help="negatives of the sampled softmax in training; 0 = full softmax (the full softmax is also "
+                       "used when the vocabulary is not larger; default: %(default)s).")
+    model.add_argument("--dropout", type=float, default=0.1,
+                       help="dropout in training where bilm-tf has it: on the input of every LSTM layer and on the "
+                       "top biLM layer before the softmax (default: %(default)s, as bilm-tf).")
+
+    train = parser.add_argument_group("training")
+    train.add_argument("--output-dir", required=True,
+                       help="where the final model, checkpoints, logs and vocab.txt go; must be new unless --resume.")
+    train.add_argument("--resume", action="store_true",
+                       help="continue from the latest checkpoint in OUTPUT_DIR (start afresh if there is none); the "
+                       "other options must be the ones of the original run.")
+    train.add_argument("--max-steps", type=int, required=True, help="optimizer steps to train for, in total.")
+    train.add_argument("--batch-size", type=int, default=64,
+                       help="sentences per batch per process (default: %(default)s).")
+    train.add_argument("--gradient-accumulation-steps", type=int, default=1,
+                       help="batches per process summed into one optimizer step (default: %(default)s).")
+    train.add_argument("--optimizer", choices=("adagrad", "adamw"), default="adagrad",
+                       help="adagrad as bilm-tf (default), or adamw.")
+    train.add_argument("--learning-rate", type=float, default=None,
+                       help="default: 0.2 for adagrad (bilm-tf), 1e-3 for adamw.")
+    train.add_argument("--adagrad-initial-accumulator", type=float, default=1.0,
+                       help="Adagrad's initial accumulator value (default: %(default)s, as bilm-tf).")
+    train.add_argument("--weight-decay", type=float, default=0.0, help="adamw only (default: %(default)s).")
+    train.add_argument("--lr-scheduler", choices=LR_SCHEDULERS, default="constant",
+                       help="learning-rate schedule over --max-steps (default: %(default)s, as bilm-tf).")
+    train.add_argument("--warmup-steps", type=int, default=0,
+                       help="steps of linear learning-rate warm-up for the *_with_warmup, linear, cosine, ... "
+                       "schedules (default: %(default)s).")
+    train.add_argument("--loss-scale", type=float, default=20.0,
+                       help="differentiate the mean token loss times this, as bilm-tf does with its unroll_steps "
+                       "(20): Adagrad's accumulator starts at 1.0, so unscaled gradients make its first steps ~75x "
+                       "smaller and a new model learns several times slower. The gradient norm is clipped and "
+                       "logged after scaling; the logged loss and perplexity are the true means. Set 1 for AdamW, "
+                       "which is indifferent to it (default: %(default)s).")
+    train.add_argument("--threads", type=int, default=None, metavar="N",
+                       help=THREADS_HELP.replace("this process", "each training process"))
+    train.add_argument("--max-grad-norm", type=float, default=10.0,
+                       help="clip the global gradient norm to this (default: %(default)s, as bilm-tf; 0 = off).")
+    train.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default=None,
+                       help="default: what `accelerate launch`/`accelerate config` says, else no.")
+    train.add_argument("--seed", type=int, default=42,
+                       help="seeds initialisation, data order, dropout and negatives (default: %(default)s).")
+
+    report = parser.add_argument_group("logging, evaluation, checkpoints")
+    report.add_argument("--logging-steps", type=int, default=50,
+                        help="log losses, learning rate, gradient norm and tokens/s every this many steps.")
+    report.add_argument("--eval-steps", type=int, default=1000,
+                        help="evaluate on --eval-file every this many steps, and at the start and end.")
+    report.add_argument("--eval-batch-size", type=int, default=64, help="sentences per evaluation batch.")
+    report.add_argument("--eval-max-sentences", type=int, default=None,
+                        help="evaluate on the first this many sentences of --eval-file only.")
+    report.add_argument("--save-steps", type=int, default=1000, help="write a checkpoint every this many steps.")
+    report.add_argument("--save-total-limit", type=int, default=2,
+                        help="keep this many most recent checkpoints (default: %(default)s).")
+    report.add_argument("--report-to", default="auto",
+                        help="Accelerate tracker(s) for the metrics besides OUTPUT_DIR/metrics.jsonl (always written): "
+                        "auto (default: tensorboard when it is installed, else none), tensorboard, wandb, ..., all, "
+                        "none.")
+    return parser
+
+
+def check_args(args, parser) -> None:
+    for name in ("max_steps", "batch_size", "gradient_accumulation_steps", "logging_steps", "eval_steps",
+                 "save_steps", "eval_batch_size", "max_sentence_words", "shuffle_window", "save_total_limit",
+                 "min_count"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    if args.vocab and args.build_vocab:
+        parser.error("--vocab and --build-vocab are exclusive: use a vocabulary file, or build one")
+    if (args.num_softmax_samples < 0 or args.warmup_steps < 0 or args.max_grad_norm < 0 or args.num_workers < 0
+            or not args.data_timeout >= 0):
+        parser.error("--num-softmax-samples, --warmup-steps, --max-grad-norm, --num-workers and --data-timeout must "
+                     "be >= 0")
+    if not args.loss_scale > 0 or not math.isfinite(args.loss_scale):
+        parser.error(f"--loss-scale must be a positive number, got {args.loss_scale}")
+    if not 0 <= args.dropout < 1:
+        parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.learning_rate is None:
+        args.learning_rate = DEFAULT_LEARNING_RATES[args.optimizer]
+    if args.report_to in ("auto", "tensorboard"):
+        from accelerate.utils import is_tensorboard_available
+
+        if args.report_to == "auto":
+            args.report_to = "tensorboard" if is_tensorboard_available() else "none"
+        elif not is_tensorboard_available():
+            parser.error("--report-to tensorboard needs the tensorboard package: pip install tensorboard "
+                         "(or hf-elmo[pretraining]); or pass --report-to none")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options of `hf-elmo pretrain`, checked; usage errors exit with status 2 and the command's usage."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(args, parser)
+    return args
