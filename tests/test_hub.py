@@ -27,7 +27,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the converter's record of its sources, and the generated card.
 PUBLISHED_FILES = [
     "README.md", "bilm_tf_source.json", "config.json", "configuration_elmo.py", "elmo_cpu.py", "elmo_cuda.py",
-    "elmo_hub.py", "log_uniform_sampler.py", "model.safetensors", "modeling_elmo.py", "pipeline_elmo.py", "safe_output.py",
+    "elmo_hub.py", "elmo_presets.py", "log_uniform_sampler.py", "model.safetensors", "modeling_elmo.py", "pipeline_elmo.py", "safe_output.py",
     "tokenization_elmo.py", "tokenizer_config.json", "vocab.txt", "vocabulary.py", "weight_checks.py",
 ]
 
