@@ -191,9 +191,27 @@ def steps_to_run(training, splits) -> tuple[bool, bool, bool]:
     return "train" in splits, "validation" in splits, "test" in splits
 
 
-def first(items: list, count: int | None) -> list:
-    """The first `count` items (`--max_*_samples`), or all."""
-    return items if count is None else items[:count]
+def limited(splits: dict, data) -> dict:
+    """Each split cut to its `--max_*_samples` (the first N examples), as in Transformers' examples."""
+    limits = {"train": data.max_train_samples, "validation": data.max_eval_samples, "test": data.max_predict_samples}
+    return {split: items if limits[split] is None else items[: limits[split]] for split, items in splits.items()}
+
+
+def choose_labels(data, name: str, load_options: dict, architecture: str, from_training) -> dict[int, str]:
+    """
+    `id2label`: --label_list, else the labels of a model that already has this head, else `from_training()` (the
+    training data's labels; False when there is no training data).
+    """
+    if data.label_list:
+        return fixed_label_map(data.label_list)
+    from transformers import AutoConfig
+
+    existing = existing_label_map(AutoConfig.from_pretrained(name, **load_options), architecture)
+    if existing is not None:
+        return existing
+    if not from_training:
+        raise DataFileError("no training data to take the labels from: give --label_list or --train_file.")
+    return from_training()
 
 
 class OutputFolder:

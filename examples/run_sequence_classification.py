@@ -35,7 +35,7 @@ import sys
 from dataclasses import dataclass, field
 
 import numpy as np
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
 import hf_elmo  # noqa: F401  (registers the ELMo Auto classes)
 from hf_elmo.model_source import resolve_model
@@ -51,10 +51,9 @@ from finetuning_cli import (  # beside this script
     DataArguments,
     ModelArguments,
     Task,
+    choose_labels,
     dataset_splits,
-    existing_label_map,
-    first,
-    fixed_label_map,
+    limited,
     parse_arguments,
     run_example,
     run_finetuning,
@@ -128,26 +127,16 @@ def main(argv=None):
     model_args, data_args, training_args = parse_arguments(SequenceDataArguments, SequenceModelArguments, argv=argv,
                                                            description=__doc__)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    splits = read_dataset(data_args) if data_args.dataset_name else read_files(data_args)
-    limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
-              "test": data_args.max_predict_samples}
-    splits = {split: first(rows, limits[split]) for split, rows in splits.items()}
+    splits = limited(read_dataset(data_args) if data_args.dataset_name else read_files(data_args), data_args)
 
     # A mistyped folder fails here at once, without Hub requests and their retries.
     name, load_options = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(name, **load_options)
-    if data_args.label_list:
-        id2label = fixed_label_map(data_args.label_list)
-    else:
-        config = AutoConfig.from_pretrained(name, **load_options)
-        id2label = existing_label_map(config, "ElmoForSequenceClassification")
-    if id2label is None:
-        if "train" not in splits:
-            raise DataFileError("no training data to take the labels from: give --label_list or --train_file.")
-        id2label = build_label_map(row.label for row in splits["train"])
+    id2label = choose_labels(data_args, name, load_options, "ElmoForSequenceClassification", "train" in splits and (
+        lambda: build_label_map(row.label for row in splits["train"])))
     if len(id2label) < 2:
-        raise DataFileError(f"{splits['train'][0].source}: the training data has a single label "
-                            f"{list(id2label.values())}; a classifier needs at least two.")
+        where = splits["train"][0].source if "train" in splits else "--label_list"
+        raise DataFileError(f"{where}: a single label {list(id2label.values())}; a classifier needs at least two.")
     label2id = {label: i for i, label in id2label.items()}
     features = {split: encode(tokenizer, rows, label2id) for split, rows in splits.items()}
     logger.info("Labels: %s; texts: %s", list(id2label.values()), {split: len(f) for split, f in features.items()})

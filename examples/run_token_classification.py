@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from transformers import (
-    AutoConfig,
     AutoModelForTokenClassification,
     AutoTokenizer,
     DataCollatorForTokenClassification,
@@ -53,10 +52,9 @@ from finetuning_cli import (  # beside this script
     DataArguments,
     ModelArguments,
     Task,
+    choose_labels,
     dataset_splits,
-    existing_label_map,
-    first,
-    fixed_label_map,
+    limited,
     parse_arguments,
     run_example,
     run_finetuning,
@@ -159,23 +157,13 @@ def main(argv=None):
     model_args, data_args, training_args = parse_arguments(TokenDataArguments, TokenModelArguments, argv=argv,
                                                            description=__doc__)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    splits = read_dataset(data_args) if data_args.dataset_name else read_files(data_args)
-    limits = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
-              "test": data_args.max_predict_samples}
-    splits = {split: first(sentences, limits[split]) for split, sentences in splits.items()}
+    splits = limited(read_dataset(data_args) if data_args.dataset_name else read_files(data_args), data_args)
 
     # A mistyped folder fails here at once, without Hub requests and their retries.
     name, load_options = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(name, **load_options)
-    if data_args.label_list:
-        id2label = fixed_label_map(data_args.label_list)
-    else:
-        config = AutoConfig.from_pretrained(name, **load_options)
-        id2label = existing_label_map(config, "ElmoForTokenClassification")
-    if id2label is None:
-        if "train" not in splits:
-            raise DataFileError("no training data to take the labels from: give --label_list or --train_file.")
-        id2label = build_label_map([tag for s in splits["train"] for tag in s.tags], outside="O")
+    id2label = choose_labels(data_args, name, load_options, "ElmoForTokenClassification", "train" in splits and (
+        lambda: build_label_map([tag for s in splits["train"] for tag in s.tags], outside="O")))
     label2id = {label: i for i, label in id2label.items()}
     features = {split: encode(tokenizer, sentences, label2id) for split, sentences in splits.items()}
     logger.info("Labels: %s; sentences: %s", list(id2label.values()),

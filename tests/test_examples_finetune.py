@@ -363,7 +363,7 @@ def test_text_file_reader_errors(tmp_path):
 def test_sequence_example_rejects_a_single_label(sequence_example, converted_dir, tmp_path):
     path = tmp_path / "one.csv"
     path.write_text("text,label\nGood film .,pos\nGreat film .,pos\n", encoding="utf-8")
-    with pytest.raises(DataFileError, match="single label \\['pos'\\]; a classifier needs at least two"):
+    with pytest.raises(DataFileError, match=rf"^{path}: a single label \['pos'\]; a classifier needs at least two.$"):
         sequence_example.main(["--model_name_or_path", str(converted_dir), "--train_file", str(path),
                                "--output_dir", str(tmp_path / "out")])
 
