@@ -248,7 +248,8 @@ class OutputFolder:
     def run(self, work):
         """`work(folder)` with the folder to give the Trainer; its result."""
         if self.replaces:
-            with atomic_output_dir(self.path, overwrite=True, inputs=self.inputs, flag="--overwrite_output_dir") as staging:
+            replacing = atomic_output_dir(self.path, overwrite=True, inputs=self.inputs, flag="--overwrite_output_dir")
+            with replacing as staging:
                 return work(staging)
         os.makedirs(self.path, exist_ok=True)
         try:
