@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
 
-from hf_elmo.cli import THREADS_HELP, set_threads
 from hf_elmo.finetuning import DataFileError, plot_layer_weights
 from hf_elmo.publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, SOURCE_FILE, folder_model_card
 from hf_elmo.safe_output import (
@@ -33,6 +32,7 @@ from hf_elmo.safe_output import (
     no_room_reported,
     write_json_atomic,
 )
+from hf_elmo.threads import THREADS_HELP, set_threads
 
 
 logger = logging.getLogger(__name__)

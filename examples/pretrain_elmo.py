@@ -7,14 +7,14 @@
     # several processes / GPUs, bf16:
     accelerate launch --multi_gpu --num_processes 4 --mixed_precision bf16 examples/pretrain_elmo.py ...
 
-`hf-elmo pretrain` is the documented command; this script only calls the same `hf_elmo.pretraining.main`.
-Run with --help for every option; the code is in hf_elmo/pretraining.py.
+`hf-elmo pretrain` is the documented command; this script is an older name of it (hf_elmo.cli.pretrain_main).
+Run with --help for every option; the code is in hf_elmo/pretraining_args.py and hf_elmo/pretraining.py.
 """
 
 import sys
 
-from hf_elmo.pretraining import main
+from hf_elmo.cli import pretrain_main
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(pretrain_main())

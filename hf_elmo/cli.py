@@ -15,6 +15,8 @@ import shutil
 import signal
 import sys
 
+from .threads import THREADS_HELP, set_threads
+
 
 logger = logging.getLogger("hf_elmo.cli")
 
@@ -74,21 +76,8 @@ def add_convert_arguments(parser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar.")
 
 
-THREADS_HELP = ("torch CPU threads of this process (default: torch's choice, one per core). On a machine that is "
-                "busy with other work, or with several processes of a run, fewer than the cores is often faster: "
-                "threads that wait for a busy core hold up every step (README: Command line).")
-
-
 def add_threads_argument(parser) -> None:
     parser.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
-
-
-def set_threads(threads: int | None) -> None:
-    """`--threads`: the torch CPU threads of this process (None keeps torch's default)."""
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -257,6 +246,11 @@ def _run_pretrain(argv: list[str]) -> int:
     return run(args)
 
 
+def pretrain_main(argv: list[str] | None = None) -> int:
+    """`hf-elmo-pretrain ARGS` and `python -m hf_elmo.pretraining ARGS`: older names of `hf-elmo pretrain ARGS`."""
+    return main(["pretrain", *(sys.argv[1:] if argv is None else argv)])
+
+
 def _interrupt(signum, frame):
     # Let `finally`/`except` blocks clean up (embed removes its partial output) on `kill` as on Ctrl-C.
     raise KeyboardInterrupt(f"signal {signum}")
@@ -289,6 +283,8 @@ def report_error(error: BaseException) -> int:
 
 def _expected_errors() -> tuple:
     """The failures every command reports in one line (imported when one happens: some modules need torch)."""
+    pretraining = sys.modules.get(f"{__package__}.pretraining")  # its errors exist only once it is imported
+    pretraining_data = sys.modules.get(f"{__package__}.pretraining_data")
     from huggingface_hub.errors import HfHubHTTPError
 
     from .bilm_tf import BilmTfFormatError
@@ -299,7 +295,8 @@ def _expected_errors() -> tuple:
     from .weight_checks import WeightCheckError
 
     return (BilmTfFormatError, EmbedInputError, EmbedOutputError, PublishError, ModelSourceError, WeightCheckError,
-            FileExistsError, HfHubHTTPError, DataFileError)
+            FileExistsError, HfHubHTTPError, DataFileError, *(pretraining.RUN_ERRORS if pretraining else ()),
+            *((pretraining_data.CorpusError,) if pretraining_data else ()))
 
 
 def run_reporting_errors(run, what: str) -> int:

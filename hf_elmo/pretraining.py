@@ -19,7 +19,6 @@ import time
 import numpy as np
 import torch
 
-from .pretraining_args import parse_args
 from .safe_output import OutputError, atomic_files_into, no_room_reported, remove_stale_file_staging, write_json_atomic
 
 
@@ -81,37 +80,33 @@ class TrainingProgress:
 # ---------------------------------------------------------------------------------------------------------------
 # Command line (the options themselves: hf_elmo.pretraining_args)
 # ---------------------------------------------------------------------------------------------------------------
-def main(argv=None) -> int:
-    """Entry point of `hf-elmo pretrain`'s aliases `hf-elmo-pretrain` and `python -m hf_elmo.pretraining`."""
-    return run(parse_args(argv))
+# The errors a run reports in one line (hf_elmo.cli's wrapper reports them; BilmTfFormatError, the corpus's
+# CorpusError and OSErrors are reported there too).
+RUN_ERRORS = (TrainingDiverged, CheckpointError, DataPipelineError)
 
 
 def run(args) -> int:
-    """Train with the parsed options (`pretraining_args.parse_args`); errors become one line and exit status 1."""
+    """
+    Train with the parsed options (`pretraining_args.parse_args`). `hf-elmo pretrain` is the one way in: its error
+    wrapper turns the failures into one line. A run that fails before its first checkpoint leaves nothing behind.
+    """
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    from .bilm_tf import BilmTfFormatError
-    from .pretraining_data import CorpusError
-
-    from .cli import debugging, handle_sigterm, report_error
-
-    handle_sigterm()  # also for the `hf-elmo-pretrain` alias, which does not pass through hf_elmo.cli
     created = not os.path.lexists(args.output_dir)
     try:
-        try:
-            train(args)
-        except BaseException:
-            if created and latest_checkpoint(args.output_dir) is None:
-                # Nothing to resume from: a failed run leaves no folder (no stray vocab.txt or logs) behind.
-                shutil.rmtree(args.output_dir, ignore_errors=True)
-            raise
-    except (CorpusError, BilmTfFormatError, FileNotFoundError, FileExistsError, TrainingDiverged, CheckpointError,
-            DataPipelineError, OutputError) as error:
-        if debugging():
-            raise
-        if isinstance(error, OutputError):  # a write that failed (a full disk): say what --resume would take
-            error = f"{error} {_latest_intact(args.output_dir)}"
-        return report_error(error)  # the one-line convention of every hf-elmo command
+        train(args)
+    except OutputError as error:  # a write that failed (a full disk): say what --resume would take
+        _remove_if_nothing_to_resume(args.output_dir, created)
+        raise OutputError(f"{error} {_latest_intact(args.output_dir)}") from None
+    except BaseException:
+        _remove_if_nothing_to_resume(args.output_dir, created)
+        raise
     return 0
+
+
+def _remove_if_nothing_to_resume(output_dir: str, created: bool) -> None:
+    if created and latest_checkpoint(output_dir) is None:
+        # No stray vocab.txt or logs: the folder this run created goes.
+        shutil.rmtree(output_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -271,7 +266,7 @@ def train(args) -> dict:
     from accelerate.utils import DistributedType, ProjectConfiguration, gather_object, set_seed
     from tqdm.auto import tqdm
 
-    from .cli import set_threads
+    from .threads import set_threads
     from .pretraining_data import (
         BatchEncoder,
         CorpusError,
@@ -774,5 +769,7 @@ def _check_replicas_agree(accelerator, model, gather_object) -> None:
     logger.info("Weights identical on all %d process(es) (sha256 %s)", len(digests), digests[0][:16])
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m hf_elmo.pretraining ARGS`: an older name of `hf-elmo pretrain ARGS`
+    from hf_elmo.cli import pretrain_main
+
+    sys.exit(pretrain_main())

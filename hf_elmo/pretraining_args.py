@@ -28,6 +28,7 @@ import argparse
 import math
 
 from .elmo_presets import ELMO_PRESETS
+from .threads import THREADS_HELP
 
 
 DEFAULT_LEARNING_RATES = {"adagrad": 0.2, "adamw": 1e-3}
@@ -36,7 +37,6 @@ LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine", "polyno
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cli import THREADS_HELP
 
     parser = argparse.ArgumentParser(
         prog="hf-elmo pretrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

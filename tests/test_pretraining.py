@@ -22,9 +22,9 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForPreTraining, AutoTokenizer
 
 from hf_elmo import ElmoConfig, ElmoForPreTraining, ElmoModel, ElmoTokenizer
+from hf_elmo.cli import pretrain_main
 from hf_elmo.log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
 from hf_elmo.pretraining import latest_checkpoint
-from hf_elmo.pretraining import main as pretrain_main
 from hf_elmo.pretraining_data import (
     CorpusError,
     SentenceBatchStream,
@@ -565,7 +565,7 @@ def arm(event, args):
             resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
 
 sys.addaudithook(arm)
-from hf_elmo.pretraining import main
+from hf_elmo.cli import pretrain_main as main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -596,7 +596,7 @@ WORKERS_CANNOT_SHARE_MEMORY = """
 import resource, sys
 # Big enough for vocab.txt and training_args.json, too small for a batch handed over through shared memory.
 resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
-from hf_elmo.pretraining import main
+from hf_elmo.cli import pretrain_main as main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -611,7 +611,7 @@ def arm(event, args):
         resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
 
 sys.addaudithook(arm)
-from hf_elmo.pretraining import main
+from hf_elmo.cli import pretrain_main as main
 sys.exit(main(sys.argv[1:]))
 """
 

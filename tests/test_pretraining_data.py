@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_elmo import ElmoTokenizer
-from hf_elmo.pretraining import main as pretrain_main
+from hf_elmo.cli import pretrain_main
 from hf_elmo.pretraining_data import (
     BatchEncoder,
     CorpusError,

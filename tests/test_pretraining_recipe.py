@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from hf_elmo import ElmoConfig, ElmoForPreTraining, ElmoForTokenClassification, ElmoModel, ElmoTokenizer
+from hf_elmo.cli import pretrain_main
 from hf_elmo.modeling_elmo import ElmoLstmLayer
-from hf_elmo.pretraining import main as pretrain_main
 from hf_elmo.testing_utils import english_text_sample
 
 
