@@ -252,7 +252,11 @@ def pretrain_main(argv: list[str] | None = None) -> int:
 
 
 def _interrupt(signum, frame):
-    # Let `finally`/`except` blocks clean up (embed removes its partial output) on `kill` as on Ctrl-C.
+    # Let `finally`/`except` blocks clean up (embed removes its partial output) on `kill` as on Ctrl-C. Remembered
+    # too, for the loops that check between steps (safe_output.raise_if_stop_requested).
+    from .safe_output import request_stop
+
+    request_stop(signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
 

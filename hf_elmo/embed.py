@@ -43,7 +43,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .model_source import resolve_model
-from .safe_output import OutputError, atomic_output_file, check_replaceable_file, room_for
+from .safe_output import (
+    OutputError,
+    atomic_output_file,
+    check_replaceable_file,
+    raise_if_stop_requested,
+    room_for,
+)
 
 
 if TYPE_CHECKING:
@@ -241,6 +247,7 @@ def embed_file(
         with h5py.File(partial, "w") as out, tqdm(total=total, unit=" lines", disable=not progress) as bar:
             while True:
                 chunk = list(islice(lines, window))
+                raise_if_stop_requested()
                 if not chunk:
                     break
                 pieces = []
@@ -272,6 +279,7 @@ def embed_file(
                 # Sort by length (stable, so the batching is a function of the input only) to limit padding.
                 pieces.sort(key=lambda p: len(p.words))
                 for first in range(0, len(pieces), batch_size):
+                    raise_if_stop_requested()
                     _embed_batch(model, tokenizer, pieces[first : first + batch_size], layers, out, dtype, device)
                 summary.num_lines += len(chunk)
                 bar.update(len(chunk))

@@ -33,6 +33,22 @@ logger = logging.getLogger(__name__)
 BILM_TF_EXPORT_FILES = {"options.json", "weights.hdf5", "vocab.txt"}
 # The signals that ask a command to stop (Ctrl-C, kill): held while an output is moved into place.
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_stop_requested = None  # the stop signal received, if any
+
+
+def request_stop(signum: int) -> None:
+    """Remember that a stop signal came (hf_elmo.cli's SIGTERM handler calls it before raising KeyboardInterrupt)."""
+    global _stop_requested
+    _stop_requested = signum
+
+
+def raise_if_stop_requested() -> None:
+    """
+    Raise KeyboardInterrupt if a stop signal came. Long loops call this between steps: the KeyboardInterrupt the
+    handler raised can be lost when it lands inside a C extension that checks for signals and clears the error.
+    """
+    if _stop_requested is not None:
+        raise KeyboardInterrupt(f"signal {_stop_requested}")
 
 
 class OutputError(OSError):

@@ -422,6 +422,19 @@ def test_embed_terminated_cleans_up(held_input, converted_dir, tmp_path, inherit
     assert os.listdir(tmp_path) == []
 
 
+def test_a_stop_signal_is_remembered_for_the_loops_that_check(monkeypatch):
+    # The KeyboardInterrupt the handler raises can be swallowed by a C extension; embed's loop checks the flag too.
+    from hf_elmo import safe_output
+    from hf_elmo.cli import _interrupt
+
+    monkeypatch.setattr(safe_output, "_stop_requested", None)
+    safe_output.raise_if_stop_requested()  # no signal: nothing
+    with pytest.raises(KeyboardInterrupt, match=f"signal {int(signal.SIGTERM)}"):
+        _interrupt(signal.SIGTERM, None)
+    with pytest.raises(KeyboardInterrupt, match=f"signal {int(signal.SIGTERM)}"):
+        safe_output.raise_if_stop_requested()
+
+
 def test_one_error_convention_usage_errors_and_debug(converted_dir, tmp_path, capsys, monkeypatch):
     # A usage error: the command's own usage line and exit status 2.
     with pytest.raises(SystemExit) as exit_info:
