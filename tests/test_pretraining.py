@@ -15,7 +15,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
