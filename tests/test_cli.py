@@ -417,8 +417,10 @@ def test_embed_terminated_cleans_up(held_input, converted_dir, tmp_path, inherit
         # exit 0, and fails below.
         held_input.close()
         held_input.descriptor = None
-    assert process.wait(timeout=30) == 130
-    assert "interrupted; no partial output is left behind" in process.stderr.read().decode()
+    code = process.wait(timeout=30)
+    err = process.stderr.read().decode()
+    assert code == 130, err[-3000:]  # what the process said, should a signal ever be lost again
+    assert "interrupted; no partial output is left behind" in err
     assert os.listdir(tmp_path) == []
 
 
