@@ -344,11 +344,15 @@ def copy_bilm_tf_source(name: str, load_options: dict, folder: str) -> None:
         shutil.copyfile(source, os.path.join(folder, SOURCE_FILE))
 
 
-def save_results(folder: str, split: str, metrics: dict, all_results: dict) -> None:
-    """`{split}_results.json` and `all_results.json`, the files Trainer.save_metrics writes, into `folder`."""
-    write_json(os.path.join(folder, f"{split}_results.json"), metrics)
-    all_results.update(metrics)
-    write_json(os.path.join(folder, "all_results.json"), all_results)
+def save_results(folder: str, results: dict) -> None:
+    """
+    `{prefix}_results.json` for each of `results` (prefix -> metrics) and `all_results.json` with them all: the files
+    Trainer.save_metrics writes, into `folder` (which it cannot target), all_results written once.
+    """
+    for prefix, metrics in results.items():
+        write_json(os.path.join(folder, f"{prefix}_results.json"), metrics)
+    if results:
+        write_json(os.path.join(folder, "all_results.json"), {k: v for m in results.values() for k, v in m.items()})
 
 
 @dataclass
@@ -458,8 +462,8 @@ def _train_and_report(model_args, data_args, training_args, model, tokenizer, ta
         report = task.score(prediction.predictions, prediction.label_ids)
         report["loss"] = prediction.metrics[f"{prefix}_loss"]
         task.log_report(split, report)
-        trainer.log_metrics(prefix, {**prediction.metrics, f"{prefix}_samples": len(task.features[split])})
         results[prefix] = {**prediction.metrics, f"{prefix}_samples": len(task.features[split])}
+        trainer.log_metrics(prefix, results[prefix])
         metrics[split] = report
         if split == "test":
             predictions = task.prediction_lines(prediction.predictions, prediction.label_ids)
@@ -475,9 +479,7 @@ def _train_and_report(model_args, data_args, training_args, model, tokenizer, ta
             trainer.save_model(staging, _internal_call=True)  # internal: no push of a folder not yet complete
             write_json(os.path.join(staging, LABELS_FILE), {"id2label": {str(i): l for i, l in task.id2label.items()}})
             write_json(os.path.join(staging, METRICS_FILE), metrics)
-            all_results = {}
-            for prefix, values in results.items():
-                save_results(staging, prefix, values, all_results)
+            save_results(staging, results)
             if predictions is not None:
                 with open(os.path.join(staging, PREDICTIONS_FILE), "w", encoding="utf-8") as handle:
                     handle.writelines(line + "\n" for line in predictions)
