@@ -1,7 +1,9 @@
 """ELMo configuration, and the character-id scheme shared by the tokenizer and the model."""
 
+import numpy as np
 from transformers import PreTrainedConfig
 
+from .elmo_implementations import check_implementation_name
 from .elmo_presets import ELMO_PRESETS
 
 
@@ -17,29 +19,42 @@ END_WORD_CHAR = 259
 PAD_CHAR = 260
 CHAR_ID_SHIFT = 1
 # bilm-tf maps these literal words to the sentence-boundary rows (its vocab files contain them).
-# TensorFlow's LSTMCell adds this to the forget gate at run time; bilm-tf files do not store it.
-FORGET_GATE_BIAS = 1.0
-
 BEGIN_SENTENCE_WORD = "<S>"
 END_SENTENCE_WORD = "</S>"
 
 
-def _framed(inner: list[int], max_characters_per_token: int) -> list[int]:
-    row = [BEGIN_WORD_CHAR, *inner, END_WORD_CHAR]
-    row += [PAD_CHAR] * (max_characters_per_token - len(row))
-    return [c + CHAR_ID_SHIFT for c in row]
+# The sentence-boundary words' rows hold one special character instead of their bytes.
+_BOUNDARY_CHARS = {BEGIN_SENTENCE_WORD: BEGIN_SENTENCE_CHAR, END_SENTENCE_WORD: END_SENTENCE_CHAR}
+
+
+def char_id_rows(words, max_characters_per_token: int = 50) -> np.ndarray:
+    """
+    The (shifted) char-id rows of `words`, `(len(words), max_characters_per_token)` int64, exactly as bilm-tf
+    builds them: each word's UTF-8 bytes cut to `max_characters_per_token - 2` (a byte cut, as in bilm-tf: it may
+    split a multi-byte character, which is what the released weights were trained on; lone surrogates cannot be
+    encoded and are dropped), framed by begin/end-of-word marks and padded; `<S>` and `</S>` get the
+    sentence-boundary rows. Built with array operations, so that a batch's words cost one call.
+    """
+    words = list(words)
+    encoded = [word.encode("utf-8", errors="ignore")[: max_characters_per_token - 2] for word in words]
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    rows = np.full((len(encoded), max_characters_per_token), PAD_CHAR, dtype=np.int64)
+    rows[:, 0] = BEGIN_WORD_CHAR
+    flat = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.int64)
+    which_word = np.repeat(np.arange(len(encoded)), lengths)
+    first_byte = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    rows[which_word, np.arange(flat.size) - first_byte + 1] = flat
+    rows[np.arange(len(encoded)), lengths + 1] = END_WORD_CHAR
+    for index, word in enumerate(words):
+        if word in _BOUNDARY_CHARS:
+            rows[index, 1:3] = (_BOUNDARY_CHARS[word], END_WORD_CHAR)
+            rows[index, 3:] = PAD_CHAR
+    return rows + CHAR_ID_SHIFT
 
 
 def word_to_char_ids(word: str, max_characters_per_token: int = 50) -> list[int]:
-    """The (shifted) char-id row of one word, exactly as bilm-tf builds it."""
-    if word == BEGIN_SENTENCE_WORD:
-        return _framed([BEGIN_SENTENCE_CHAR], max_characters_per_token)
-    if word == END_SENTENCE_WORD:
-        return _framed([END_SENTENCE_CHAR], max_characters_per_token)
-    # A byte cut, as in bilm-tf: it may split a multi-byte character, which is what the
-    # released weights were trained on. Lone surrogates cannot be encoded and are dropped.
-    encoded = word.encode("utf-8", errors="ignore")[: max_characters_per_token - 2]
-    return _framed(list(encoded), max_characters_per_token)
+    """The (shifted) char-id row of one word (`char_id_rows` of one word)."""
+    return char_id_rows([word], max_characters_per_token)[0].tolist()
 
 
 def char_ids_to_word(row, max_characters_per_token: int = 50) -> str:
@@ -61,10 +76,6 @@ def char_ids_to_word(row, max_characters_per_token: int = 50) -> str:
 
 # The character filters of every published allenai configuration (2048 in all).
 _RELEASED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
-
-
-# What `ElmoConfig.elmo_implementation` accepts (None: chosen per call by the inputs' device).
-ELMO_IMPLEMENTATION_NAMES = (None, "reference", "cpu", "cuda")
 
 
 # Every class a saved folder can be loaded as with `trust_remote_code=True` (where hf_elmo is not installed).
@@ -154,7 +165,7 @@ class ElmoConfig(PreTrainedConfig):
         elmo_implementation (`str` or `None`, defaults to `None`): which implementation computes the char CNN and
             the biLSTM: `"reference"` (the modules' own readable maths), `"cpu"` (tuned for CPUs, inference and
             training) or `"cuda"` (static shapes, no host syncs, fused recurrence). `None` chooses by the device
-            of the inputs on every call (`ELMO_IMPLEMENTATIONS` in `modeling_elmo.py`). All compute the same
+            of the inputs on every call (the rule and registry: `elmo_implementations.py`). All compute the same
             function; set it with `from_pretrained(..., elmo_implementation=...)` or
             `model.set_elmo_implementation(...)`.
 
@@ -231,10 +242,7 @@ class ElmoConfig(PreTrainedConfig):
 
     @elmo_implementation.setter
     def elmo_implementation(self, name: str | None):
-        if name not in ELMO_IMPLEMENTATION_NAMES:
-            raise ValueError(
-                f"elmo_implementation must be one of {ELMO_IMPLEMENTATION_NAMES} (None chooses by device), got {name!r}."
-            )
+        check_implementation_name(name)
         self._elmo_implementation = name
 
     def to_dict(self) -> dict:

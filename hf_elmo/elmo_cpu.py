@@ -6,27 +6,33 @@ them), with fewer and better-shaped operations:
 - the char CNN runs once per distinct word of a call (the token layer is context-free), as im2col matmuls over
   only the window positions that can change the max, optionally memoised across calls (`ElmoTokenCache`);
 - the biLSTM packs the batch time-major, longest rows first, so each step computes only the rows still reading
-  (or a few finished ones besides, where this machine's BLAS measures faster on that many columns);
+  (or a few finished ones besides, where this machine's BLAS measures faster on that many columns: `cpu_tuning`);
   vectors are columns (feature-major), the matmul shape that runs fastest on few rows; each step works in
   preallocated buffers (no allocation per step, flat memory); the first layer's input gates come from a table
   of the batch's distinct words.
 
-With autograd (training on a CPU), the char CNN keeps its distinct-word path and the biLSTM runs the layer code
-of `elmo_cuda` with a packed recurrence (`PackedClippedLstmRecurrence`): rows sorted longest first, each step
-computing only the rows still reading, with a hand-written backward built from `elmo_cuda`'s element-wise steps.
+With autograd (training on a CPU), the char CNN keeps its distinct-word path and the biLSTM runs `elmo_ops`'s
+batched layers with the packed schedule: rows sorted longest first, each step computing only the rows still
+reading, with the recurrence's hand-written backward. The LSTM maths itself is `elmo_ops`'s.
 """
 
 import functools
 import logging
-import time
-from collections import OrderedDict
 
 import torch
 from torch import nn
 
-from .configuration_elmo import FORGET_GATE_BIAS
-from .elmo_cuda import _cell_backward, _cell_forward
-from .elmo_cuda import bilstm as fused_bilstm
+from .cpu_tuning import few_column_matmul, step_columns
+from .elmo_implementations import ElmoImplementation
+from .elmo_ops import (
+    batched_bilstm,
+    clip,
+    fold_forget_bias,
+    highway_mix,
+    is_word_position,
+    lstm_cell,
+    stack_layers,
+)
 
 
 logger = logging.getLogger(__name__)
@@ -45,163 +51,8 @@ INPUT_GATES_BLOCK_VALUES = 1 << 21
 # The first layer's input gates are computed once per distinct word of the batch (a table the steps gather from)
 # when the table has at most this many values: 4M (16 MB) is 256 distinct words of "original".
 INPUT_GATES_TABLE_VALUES = 1 << 22
-# The recurrent matmul may be handed to BLAS as this many row blocks at most, where that measures faster (see
-# `few_column_matmul`).
-MAX_ROW_BLOCKS = 16
-# A recurrence step may compute up to this many columns of finished rows besides the rows still reading, where
-# that measures faster (see `step_columns`) ...
-MAX_EXTRA_COLUMNS = 16
-# ... by at least this factor: a small gain is not worth a choice that timing noise could flip between runs (a
-# product's rounding may differ with its column count) ...
-MIN_STEP_SPEEDUP = 1.25
-# ... and only for products that take longer than this: quicker ones are bound by dispatch, not arithmetic, and
-# their timings are too noisy to choose by.
-MIN_STEP_SECONDS = 50e-6
 # Rows `distinct_rows` hashes and checks at a time: bounds the float64 copy the hash is computed on.
 HASH_CHUNK_ROWS = 256
-
-
-def few_column_matmul(
-    weight: torch.Tensor, columns: torch.Tensor, out: torch.Tensor | None = None, add: torch.Tensor | None = None
-) -> torch.Tensor:
-    """
-    `add + weight @ columns` for a tall `weight` and a few `columns` (one per sentence still being read), written
-    into `out` when given (without autograd) or returned as a new tensor. `add` may be `out` itself.
-
-    Some CPU BLAS builds share such a product between threads badly at some column counts; handing them row blocks
-    of the weight as one batched matmul keeps every thread on whole blocks. Whether that pays depends on the
-    BLAS, the processor and the thread count, so it is measured on this process's first product of each shape
-    (`measured_product`), not assumed. GPUs always get the plain product.
-    """
-    blocks = 1 if weight.device.type != "cpu" else measured_product(weight, columns.shape[1])[0]
-    if blocks == 1:
-        if add is None:
-            return torch.mm(weight, columns, out=out)
-        return torch.addmm(add, weight, columns, out=out)
-    weight = weight.view(blocks, -1, weight.shape[1])
-    columns = columns.expand(blocks, *columns.shape)
-    blocked_out = None if out is None else out.view(blocks, -1, columns.shape[-1])
-    if add is None:
-        product = torch.bmm(weight, columns, out=blocked_out)
-    else:
-        product = torch.baddbmm(add.view(blocks, -1, add.shape[1]), weight, columns, out=blocked_out)
-    return product.view(-1, columns.shape[-1]) if out is None else out
-
-
-def row_blocks(weight: torch.Tensor) -> int:
-    """Into how many row blocks `few_column_matmul`'s blocked product splits `weight`: 256 rows or more each."""
-    return max(2, min(MAX_ROW_BLOCKS, weight.shape[0] // 256))
-
-
-# (weight shape, dtype, columns, threads) -> (row blocks, seconds), as measured in this process.
-_PRODUCTS: dict[tuple, tuple[int, float]] = {}
-
-
-def measured_product(weight: torch.Tensor, columns: int) -> tuple[int, float]:
-    """
-    How `few_column_matmul` multiplies `weight` (on a CPU) by `columns` columns, and how long that takes here: the
-    row blocks it hands BLAS, 1 (plain) or `MAX_ROW_BLOCKS`-bounded blocks, whichever ran faster in a short
-    measurement (the best of three products each, interleaved), with that time. Measured once per shape, column
-    count and thread count.
-    """
-    key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
-    if key not in _PRODUCTS:
-        with torch.no_grad():
-            w, x = weight.detach(), weight.new_ones(weight.shape[1], columns)
-            blocks = row_blocks(w)
-            candidates = {1: lambda: torch.mm(w, x)}
-            # A matrix-vector product is never worth blocking.
-            if columns > 1 and w.shape[0] % blocks == 0:
-                candidates[blocks] = lambda: torch.bmm(w.view(blocks, -1, w.shape[1]), x.expand(blocks, *x.shape))
-            best = dict.fromkeys(candidates, float("inf"))
-            for _ in range(3):
-                for choice, product in candidates.items():
-                    start = time.perf_counter()
-                    product()
-                    best[choice] = min(best[choice], time.perf_counter() - start)
-        fastest = min(best, key=best.get)
-        _PRODUCTS[key] = (fastest, best[fastest])
-    return _PRODUCTS[key]
-
-
-# (weight shapes, dtype, rows, available, threads) -> columns, as chosen in this process.
-_STEP_COLUMNS: dict[tuple, int] = {}
-
-
-def step_columns(weights: list[torch.Tensor], rows: int, available: int) -> int:
-    """
-    How many state columns a recurrence step computes when its first `rows` columns are still reading and its
-    first `available` (>= rows) columns hold finite states: `rows`, or up to `MAX_EXTRA_COLUMNS` more where the
-    step's products (`few_column_matmul` with each of `weights`) measure at least `MIN_STEP_SPEEDUP` times faster
-    on more columns. Some BLAS builds take several times longer for some small column counts than for a larger
-    one (benchmarks/README.md); the extra columns are rows that have finished, whose results are never read.
-    Products quicker than `MIN_STEP_SECONDS` are never padded.
-    """
-    if weights[0].device.type != "cpu" or rows == available:
-        return rows
-    key = (*(tuple(weight.shape) for weight in weights), weights[0].dtype, rows, available, torch.get_num_threads())
-    if key not in _STEP_COLUMNS:
-        _STEP_COLUMNS[key] = _fastest_step_columns(weights, rows, available)
-    return _STEP_COLUMNS[key]
-
-
-def _fastest_step_columns(weights: list[torch.Tensor], rows: int, available: int) -> int:
-    seconds = lambda columns: sum(measured_product(weight, columns)[1] for weight in weights)  # noqa: E731
-    own = seconds(rows)
-    if own < MIN_STEP_SECONDS:
-        return rows
-    best, best_seconds = rows, own / MIN_STEP_SPEEDUP
-    for columns in range(rows + 1, min(available, rows + MAX_EXTRA_COLUMNS) + 1):
-        if seconds(columns) < best_seconds:
-            best, best_seconds = columns, seconds(columns)
-    return best
-
-
-class ElmoTokenCache:
-    """
-    A bounded least-recently-used memo of token-layer vectors, keyed by a word's char-id row. Valid because the
-    token layer is context-free: a word's vector depends on its characters and the char-encoder weights only.
-    Entries are dropped whenever those weights change (in place, or replaced, or cast), so it never serves stale
-    vectors; it is bypassed whenever gradients are needed. Memory: `max_words * projection_dim` values.
-    """
-
-    def __init__(self, max_words: int):
-        if isinstance(max_words, bool) or not isinstance(max_words, int) or max_words <= 0:
-            raise ValueError(f"max_words must be a positive integer, got {max_words!r}.")
-        self.max_words = max_words
-        self.hits = self.misses = 0
-        self._entries: OrderedDict[tuple, torch.Tensor] = OrderedDict()
-        self._weights_key = None
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def clear(self):
-        self._entries.clear()
-
-    def vectors(self, encoder: "ElmoCharacterEncoder", char_ids: torch.Tensor) -> torch.Tensor:
-        """Token vectors of `char_ids` rows (distinct), computing only the rows not cached."""
-        weights_key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in encoder.parameters())
-        if weights_key != self._weights_key:
-            self._entries.clear()
-            self._weights_key = weights_key
-        keys = [tuple(row) for row in char_ids.tolist()]
-        found = [self._entries.get(key) for key in keys]
-        missing = [i for i, vector in enumerate(found) if vector is None]
-        self.hits += len(keys) - len(missing)
-        self.misses += len(missing)
-        for key, vector in zip(keys, found):
-            if vector is not None:
-                self._entries.move_to_end(key)
-        if missing:
-            # Each entry is its own copy, so evicting it frees it (a view would keep the whole batch alive).
-            computed = _distinct_token_vectors(encoder, char_ids[missing])
-            for i, vector in zip(missing, computed.unbind()):
-                found[i] = vector
-                self._entries[keys[i]] = vector.clone()
-            while len(self._entries) > self.max_words:
-                self._entries.popitem(last=False)
-        return torch.stack(found)
 
 
 def _has_native_bf16_matmuls() -> bool:
@@ -265,7 +116,7 @@ def token_vectors(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in encoder.parameters())
     if encoder.token_cache is None or needs_grad:
         return _distinct_token_vectors(encoder, distinct)[inverse]
-    return encoder.token_cache.vectors(encoder, distinct)[inverse]
+    return encoder.token_cache.vectors(encoder, distinct, functools.partial(_distinct_token_vectors, encoder))[inverse]
 
 
 def _distinct_token_vectors(encoder, char_ids: torch.Tensor) -> torch.Tensor:
@@ -284,8 +135,7 @@ def _highways_in_place(encoder, pooled: torch.Tensor) -> torch.Tensor:
     hidden = encoder.activation(pooled)
     for highway in encoder.highways:
         gate = torch.sigmoid_(highway.carry(hidden))
-        # gate * relu(transform) + (1 - gate) * hidden, as hidden + gate * (relu(transform) - hidden).
-        hidden = torch.relu_(highway.transform(hidden)).sub_(hidden).mul_(gate).add_(hidden)
+        hidden = highway_mix(gate, torch.relu_(highway.transform(hidden)), hidden, in_place=True)
     return encoder.projection(hidden)
 
 
@@ -381,24 +231,20 @@ def bilstm(
     # The first layer's inputs `(2, positions, width)`, unless it reads the table.
     layer_input = None if distinct is not None else torch.stack([flat[forward_source], flat[backward_source]])
 
-    packed_outputs, final_cells, final_hiddens, workspace = [], [], [], {}
-    for index in range(len(module.forward_layers)):
-        initial = (state[0][index][:, order], state[1][index][:, order])
-        output, cell, hidden = _layer(
-            module, index, layer_input, *initial, rows_at, distinct if index == 0 else None, workspace
-        )
-        if index == 0:
-            # Only the first layer reads the table.
-            workspace.pop("table", None)
-            workspace.pop("gathered", None)
-        if index > 0 and module.use_skip_connections:
-            output = output.add_(layer_input)
-        # A layer that is not asked for is freed once the next one has read it.
-        packed_outputs.append(output if index in output_layers else None)
-        final_cells.append(cell)
-        final_hiddens.append(hidden)
-        layer_input = output
+    workspace = {}
 
+    def run_layer(index, layer_input):
+        initial = (state[0][index][:, order], state[1][index][:, order])
+        result = _layer(module, index, layer_input, *initial, rows_at, distinct if index == 0 else None, workspace)
+        # Only the first layer reads the table.
+        workspace.pop("table", None)
+        workspace.pop("gathered", None)
+        return result
+
+    packed_outputs, final_cells, final_hiddens = stack_layers(
+        run_layer, layer_input, len(module.forward_layers), module.use_skip_connections,
+        keep=lambda index: index in output_layers, in_place=True,
+    )
     workspace.clear()  # before the padded outputs are allocated
     # Unpack straight into the padded output layout (zeros past each row's length), backward outputs back in
     # reading order. Without the first and last positions, those land in one spare row past the end.
@@ -406,8 +252,7 @@ def bilstm(
     steps = torch.stack([step_index, sorted_lengths[row_index] - 1 - step_index])  # (2, positions)
     target = order[row_index] * out_steps + steps
     if words_only:
-        is_word = (steps >= 1) & (steps <= sorted_lengths[row_index] - 2)
-        target = torch.where(is_word, target - 1, batch_size * out_steps)
+        target = torch.where(is_word_position(steps, sorted_lengths[row_index]), target - 1, batch_size * out_steps)
     half = torch.arange(2, device=tokens.device)[:, None].expand_as(target)
     layer_outputs = []
     for index in output_layers:
@@ -416,7 +261,7 @@ def bilstm(
         unpacked.index_put_((target.flatten(), half.flatten()), output.flatten(0, 1))
         layer_outputs.append(unpacked[: batch_size * out_steps].view(batch_size, out_steps, 2 * width))
     restore = torch.argsort(order)
-    return layer_outputs, (torch.stack(final_cells)[:, :, restore], torch.stack(final_hiddens)[:, :, restore])
+    return layer_outputs, (final_cells[:, :, restore], final_hiddens[:, :, restore])
 
 
 def _layer(
@@ -455,76 +300,6 @@ def _layer(
     return out, torch.stack(cells), torch.stack(hiddens)
 
 
-class PackedClippedLstmRecurrence(torch.autograd.Function):
-    """
-    `elmo_cuda.ClippedLstmRecurrence` for a batch sorted longest first, given `rows_at` (how many rows read each
-    step, on the host): step t computes only its first `rows_at[t]` rows, so a batch of mixed lengths costs the
-    sum of its lengths, not rows x longest. A row's final state is its state after its last step.
-    """
-
-    @staticmethod
-    def forward(ctx, input_gates, cell, hidden, recurrent, projection, cell_clip, proj_clip, rows_at):
-        outputs = input_gates.new_zeros(*input_gates.shape[:3], projection.shape[-1], dtype=torch.float32)
-        final_cell, final_hidden = cell.clone(), hidden.clone()
-        saved = {"gates": [], "cells": [], "hiddens": [], "projection_inputs": [], "projected": []}
-        for t, rows in enumerate(rows_at):
-            if rows == 0:
-                break
-            cell, hidden = cell[:, :rows], hidden[:, :rows]
-            gates, new_cell, projection_input = _cell_forward(
-                input_gates[t, :, :rows], torch.bmm(hidden, recurrent), cell, None, cell_clip
-            )
-            projected = torch.bmm(projection_input, projection)
-            output = projected.float().clamp(-proj_clip, proj_clip)
-            outputs[t, :, :rows] = output
-            for name, value in zip(saved, (gates, cell, hidden, projection_input, projected)):
-                saved[name].append(value)
-            cell, hidden = new_cell, output.to(hidden.dtype)
-            # Rows whose last step this was.
-            done = rows_at[t + 1] if t + 1 < len(rows_at) else 0
-            final_cell[:, done:rows] = cell[:, done:]
-            final_hidden[:, done:rows] = hidden[:, done:]
-        ctx.steps = len(saved["gates"])
-        ctx.rows_at, ctx.clips, ctx.input_dtype = rows_at, (cell_clip, proj_clip), input_gates.dtype
-        ctx.save_for_backward(recurrent, projection, *(value for values in saved.values() for value in values))
-        return outputs, final_cell, final_hidden
-
-    @staticmethod
-    def backward(ctx, grad_outputs, grad_final_cell, grad_final_hidden):
-        recurrent, projection, *saved = ctx.saved_tensors
-        gates, cells, hiddens, projection_inputs, projected = (
-            saved[i * ctx.steps : (i + 1) * ctx.steps] for i in range(5)
-        )
-        cell_clip, proj_clip = ctx.clips
-        # The gradients of each row's state after the last step computed so far (going back): a row not read at
-        # a step passes its gradient on unchanged.
-        grad_cell, grad_hidden = grad_final_cell.float().clone(), grad_final_hidden.float().clone()
-        grad_input_gates = grad_outputs.new_zeros(*grad_outputs.shape[:3], recurrent.shape[-1], dtype=torch.float32)
-        grad_gates, grad_projected = [None] * ctx.steps, [None] * ctx.steps
-        for t in reversed(range(ctx.steps)):
-            rows = ctx.rows_at[t]
-            grad_step = grad_outputs[t, :, :rows].float() + grad_hidden[:, :rows]
-            grad_step = torch.where(projected[t].float().abs() <= proj_clip, grad_step, 0.0).to(projected[t].dtype)
-            grad_projection_input = torch.bmm(grad_step, projection.transpose(1, 2))
-            step_gates, grad_cell[:, :rows] = _cell_backward(
-                gates[t], cells[t], grad_cell[:, :rows], grad_projection_input, None, cell_clip
-            )
-            grad_input_gates[t, :, :rows] = step_gates
-            step_gates = step_gates.to(recurrent.dtype)
-            # The hidden state before the step reaches the loss only through this step's gates.
-            grad_hidden[:, :rows] = torch.bmm(step_gates, recurrent.transpose(1, 2))
-            grad_gates[t], grad_projected[t] = step_gates, grad_step
-        # Weight gradients: one matmul over every step's rows, per direction.
-        if ctx.steps:
-            packed = lambda values: torch.cat(values, dim=1)  # (directions, sum of rows, n)
-            grad_recurrent = torch.bmm(packed(hiddens).transpose(1, 2), packed(grad_gates))
-            grad_projection = torch.bmm(packed(projection_inputs).transpose(1, 2), packed(grad_projected))
-        else:  # no row read any step
-            grad_recurrent, grad_projection = torch.zeros_like(recurrent), torch.zeros_like(projection)
-        return (grad_input_gates.to(ctx.input_dtype), grad_cell, grad_hidden, grad_recurrent, grad_projection,
-                None, None, None)
-
-
 def longest_first(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
     """
     The batch's rows sorted by length, longest first (stable): `order`, the sorted lengths, and `rows_at[t]`, how
@@ -543,17 +318,14 @@ def longest_first(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple
 
 
 def packed_bilstm(module, tokens, mask, state, output_layers, words_only, dropout_masks=None):
-    """`bilstm` with autograd: `elmo_cuda`'s layers over the batch sorted longest first, with the packed recurrence."""
+    """`bilstm` with autograd: `elmo_ops.batched_bilstm` over the batch sorted longest first, each step computing
+    only the rows still reading."""
     order, _, rows_at = longest_first(mask)
     restore = torch.argsort(order)
-
-    def recurrence(*arguments):
-        return PackedClippedLstmRecurrence.apply(*arguments, rows_at)
-
     sorted_state = (state[0][:, :, order], state[1][:, :, order])
     sorted_masks = None if dropout_masks is None else dropout_masks[:, :, order]
-    outputs, (cells, hiddens) = fused_bilstm(
-        module, tokens[order], mask[order], sorted_state, output_layers, words_only, sorted_masks, recurrence
+    outputs, (cells, hiddens) = batched_bilstm(
+        module, tokens[order], mask[order], sorted_state, output_layers, words_only, sorted_masks, rows_at=rows_at
     )
     return [output[restore] for output in outputs], (cells[:, :, restore], hiddens[:, :, restore])
 
@@ -586,9 +358,7 @@ def _direction(
     """
     lstm_dim = cell.shape[-1]
     # TensorFlow's forget bias is folded into the stored bias once instead of being added at every step.
-    bias = layer.input_proj.bias
-    bias = torch.cat([bias[: 2 * lstm_dim], bias[2 * lstm_dim : 3 * lstm_dim] + FORGET_GATE_BIAS, bias[3 * lstm_dim :]])
-    bias = bias[:, None]
+    bias = fold_forget_bias(layer.input_proj.bias)[:, None]
     cell, hidden = cell.t(), hidden.t()  # (lstm_dim, batch), (proj, batch)
     inputs = None if inputs is None else inputs.t()  # (proj, positions)
     batch_size, positions = cell.shape[1], sum(rows_at)
@@ -661,25 +431,18 @@ def _direction(
 
 def _step(layer, cell, hidden, gates, new_cell, new_hidden):
     """
-    `ElmoLstmLayer.forward`'s step, feature-major: `gates` `(4 * lstm_dim, columns)` holds the input part of the
-    gates and receives the rest; the new state goes into the buffers `new_cell` and `new_hidden` (it reads `cell`
-    and `hidden`). Contiguous gates make the element-wise work several times faster than working in place on a
-    column slice of the input gates.
+    One step of `layer` (an `ElmoLstmLayer`), feature-major: `gates` `(4 * lstm_dim, columns)` holds the input part
+    of the gates and receives the rest; the new state goes into the buffers `new_cell` and `new_hidden` (it reads
+    `cell` and `hidden`). Contiguous gates make the element-wise work several times faster than working in place
+    on a column slice of the input gates.
     """
     few_column_matmul(layer.recurrent_proj.weight, hidden, gates, add=gates)
-    in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=0)
-    in_gate.sigmoid_()
-    gates[2 * cell.shape[0] :].sigmoid_()  # forget and output gates
-    candidate.tanh_()
-    torch.mul(forget_gate, cell, out=new_cell)
-    new_cell.addcmul_(in_gate, candidate)
-    if layer.cell_clip is not None:
-        new_cell.clamp_(-layer.cell_clip, layer.cell_clip)
-    output = torch.tanh(new_cell, out=candidate).mul_(out_gate)  # candidate is spent: reuse its rows
+    new_cell, cell_output = lstm_cell(gates, cell, layer.cell_clip, dim=0, in_place=True, new_cell=new_cell)
     if isinstance(layer.output_proj, nn.Linear):
-        few_column_matmul(layer.output_proj.weight, output, new_hidden)
+        few_column_matmul(layer.output_proj.weight, cell_output, new_hidden)
     else:
-        new_hidden.copy_(output)
-    if layer.proj_clip is not None:
-        new_hidden.clamp_(-layer.proj_clip, layer.proj_clip)
-    return new_cell, new_hidden
+        new_hidden.copy_(cell_output)
+    return new_cell, clip(new_hidden, layer.proj_clip, in_place=True)
+
+
+CPU_IMPLEMENTATION = ElmoImplementation(bilstm=bilstm, token_vectors=token_vectors)

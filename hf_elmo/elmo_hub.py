@@ -5,8 +5,8 @@ Kept apart from `modeling_elmo.py`, which holds only the model:
 - `ElmoHubMixin.save_pretrained` also writes the default `ElmoTokenizer` into a folder that has no tokenizer, so that
   `AutoTokenizer.from_pretrained(folder, trust_remote_code=True)` works for any saved model (a Trainer checkpoint, a
   model saved alone);
-- `add_custom_pipelines(config)` points `config.custom_pipelines` at `pipeline_elmo.py`'s token-classification
-  pipeline, which reads per-word char ids (the stock one cannot).
+- a model class with `elmo_pipeline_task` (`ElmoForTokenClassification`) saves `config.custom_pipelines` pointing
+  at `pipeline_elmo.py`'s pipeline for that task, which reads per-word char ids (the stock one cannot).
 
 Transformers copies the files reached by relative imports from `modeling_elmo.py` (recursively) into every saved
 folder, and loads them from there with `trust_remote_code=True`: this file, `tokenization_elmo.py` (imported in
@@ -30,13 +30,20 @@ ELMO_CUSTOM_PIPELINES = {
 }
 
 
-def add_custom_pipelines(config) -> None:
-    """Make `pipeline(..., trust_remote_code=True)` on a saved folder of this config use ELMo's own pipelines."""
-    config.custom_pipelines = {**(getattr(config, "custom_pipelines", None) or {}), **ELMO_CUSTOM_PIPELINES}
+def add_custom_pipelines(config, task: str) -> None:
+    """Make `pipeline(task, FOLDER, trust_remote_code=True)` on a folder saved with this config use ELMo's pipeline."""
+    custom = getattr(config, "custom_pipelines", None) or {}
+    config.custom_pipelines = {**custom, task: ELMO_CUSTOM_PIPELINES[task]}
 
 
 class ElmoHubMixin:
-    """Mixed into `ElmoPreTrainedModel` (before `PreTrainedModel`): every saved ELMo folder has a tokenizer."""
+    """
+    Mixed into `ElmoPreTrainedModel` (before `PreTrainedModel`): every saved ELMo folder has a tokenizer, and a
+    folder of a class that names an `elmo_pipeline_task` names ELMo's pipeline for it.
+    """
+
+    # The pipeline task (a key of `ELMO_CUSTOM_PIPELINES`) whose ELMo pipeline this class's saved folders name.
+    elmo_pipeline_task: str | None = None
 
     def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
         """
@@ -46,6 +53,9 @@ class ElmoHubMixin:
         trust_remote_code=True)`. A tokenizer saved into the folder, before or after, takes precedence.
         """
         folder = os.fspath(save_directory)
+        if self.elmo_pipeline_task is not None:
+            # Saved with the config: pipeline(FOLDER, trust_remote_code=True) then builds ELMo's pipeline.
+            add_custom_pipelines(self.config, self.elmo_pipeline_task)
         if is_main_process and not os.path.isfile(folder) and not os.path.isfile(
             os.path.join(folder, "tokenizer_config.json")
         ):

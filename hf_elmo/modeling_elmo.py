@@ -1,7 +1,14 @@
 """PyTorch ELMo: the bilm-tf bidirectional language model as a Transformers model.
 
 Data flows top to bottom in this file: char ids -> `ElmoCharacterEncoder` (char CNN, highway,
-projection) -> `ElmoBiLstm` (stacked `ElmoLstmLayer`s per direction) -> `ElmoModel`.
+projection) -> `ElmoBiLstm` (stacked `ElmoLstmLayer`s per direction) -> `ElmoModel` -> the task heads and
+`ElmoForPreTraining`.
+
+`ElmoCharacterEncoder` and `ElmoBiLstm` each look their implementation up on every call, as `LlamaAttention`
+looks up its attention function: "reference" is the plain functions `char_encoder_reference` and
+`bilstm_reference` below, the specification that the tuned "cpu" (`elmo_cpu.py`) and "cuda" (`elmo_cuda.py`) are
+tested against. The registry and selection rule are `elmo_implementations.py`; the maths all of them share (the
+LSTM step, clipping, the forget-bias fold, reversal, layer stacking, the output layout) is `elmo_ops.py`.
 """
 
 import contextlib
@@ -17,20 +24,23 @@ from transformers.modeling_outputs import BaseModelOutput, SequenceClassifierOut
 from transformers.utils import ModelOutput, logging
 from transformers.utils.generic import can_return_tuple
 
-from .elmo_cpu import ElmoTokenCache
-from .elmo_cpu import bilstm as cpu_bilstm
-from .elmo_cpu import token_vectors as cpu_token_vectors
-from .elmo_cuda import bilstm as cuda_bilstm
-from .elmo_hub import ElmoHubMixin, add_custom_pipelines
-from .configuration_elmo import (
-    BEGIN_SENTENCE_WORD,
-    END_SENTENCE_WORD,
-    FORGET_GATE_BIAS,
-    N_CHARACTERS,
-    ElmoConfig,
-    word_to_char_ids,
+from .configuration_elmo import BEGIN_SENTENCE_WORD, END_SENTENCE_WORD, N_CHARACTERS, ElmoConfig, word_to_char_ids
+from .elmo_cpu import CPU_IMPLEMENTATION
+from .elmo_cuda import CUDA_IMPLEMENTATION
+from .elmo_hub import ElmoHubMixin
+from .elmo_implementations import ELMO_IMPLEMENTATIONS, ElmoImplementation, elmo_implementation_for, register
+from .elmo_ops import (
+    bidirectional_output,
+    clip,
+    clip_limit,
+    fold_forget_bias,
+    highway_mix,
+    lstm_cell,
+    reverse_within_lengths,
+    stack_layers,
 )
 from .log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
+from .token_cache import ElmoTokenCache
 from .weight_checks import from_pretrained_checked
 
 
@@ -79,8 +89,33 @@ class ElmoHighway(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # bilm-tf calls this gate "carry", but it scales the transformed branch, not the input.
-        gate = torch.sigmoid(self.carry(hidden))
-        return gate * torch.relu(self.transform(hidden)) + (1 - gate) * hidden
+        return highway_mix(torch.sigmoid(self.carry(hidden)), torch.relu(self.transform(hidden)), hidden)
+
+
+def check_input(condition: torch.Tensor, message: str, details: Callable[[], str] | None = None):
+    """
+    Fail with `message` unless the 0-dim bool `condition` holds. On a CPU the value is read and a `ValueError`
+    says what is wrong (`details()`, which may read more values, when given), whatever the implementation. On a
+    GPU, and inside `torch.compile`, the check stays on the device (`torch._assert_async`): no host sync, and a
+    failure stops the process with `message`.
+    """
+    if condition.device.type != "cpu" or torch.compiler.is_compiling():
+        torch._assert_async(condition, message)
+    elif not bool(condition):
+        raise ValueError(details() if details is not None else message)
+
+
+def char_encoder_reference(encoder: "ElmoCharacterEncoder", char_ids: torch.Tensor) -> torch.Tensor:
+    """
+    The specification of the token layer (the "reference" implementation): embed each word's chars, convolve with
+    every filter, max-pool over positions, activate, the highways, then the projection.
+    """
+    chars = encoder.char_embeddings(char_ids).transpose(1, 2)  # (words, char_dim, chars)
+    pooled = torch.cat([conv(chars).amax(dim=-1) for conv in encoder.convolutions], dim=-1)
+    hidden = encoder.activation(pooled)
+    for highway in encoder.highways:
+        hidden = highway(hidden)
+    return encoder.projection(hidden)
 
 
 class ElmoCharacterEncoder(nn.Module):
@@ -88,6 +123,7 @@ class ElmoCharacterEncoder(nn.Module):
 
     def __init__(self, config: ElmoConfig):
         super().__init__()
+        self.config = config
         # Row 0 is the padded-word row (ids are shifted by +1); it stays zero.
         self.char_embeddings = nn.Embedding(N_CHARACTERS, config.char_embedding_dim, padding_idx=0)
         self.convolutions = nn.ModuleList(
@@ -102,13 +138,9 @@ class ElmoCharacterEncoder(nn.Module):
             self.projection = nn.Identity()
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
-        # The specification of the token layer: the "reference" implementation, and the oracle of the others.
-        chars = self.char_embeddings(char_ids).transpose(1, 2)  # (words, char_dim, chars)
-        pooled = torch.cat([conv(chars).amax(dim=-1) for conv in self.convolutions], dim=-1)
-        hidden = self.activation(pooled)
-        for highway in self.highways:
-            hidden = highway(hidden)
-        return self.projection(hidden)
+        implementation = elmo_implementation_for(self.config, char_ids.device)
+        token_vectors = implementation.token_vectors or char_encoder_reference
+        return token_vectors(self, char_ids)
 
     # An `ElmoTokenCache` once `enable_token_cache` was called (opt-in; used by the "cpu" implementation).
     token_cache = None
@@ -128,13 +160,13 @@ class ElmoLstmLayer(GradientCheckpointingLayer):
     """
     One LSTM layer reading in one direction, as TensorFlow's `LSTMCell(num_proj=...)` in bilm-tf: no peepholes,
     gates in the order (input, candidate, forget, output), forget bias +1, cell clipping, a projection of the
-    output without bias, and projection clipping.
+    output without bias, and projection clipping. Its `forward` is the reference computation, step by step.
     """
 
     def __init__(self, config: ElmoConfig):
         super().__init__()
-        self.cell_clip = config.cell_clip
-        self.proj_clip = config.proj_clip
+        self.cell_clip = clip_limit(config.cell_clip)
+        self.proj_clip = clip_limit(config.proj_clip)
         # Computed for all time steps at once; only the recurrent part runs step by step.
         self.input_proj = ElmoLinear(config.projection_dim, 4 * config.lstm_dim, "W_0")
         self.recurrent_proj = ElmoLinear(config.projection_dim, 4 * config.lstm_dim, "W_0", bias=False)
@@ -151,33 +183,17 @@ class ElmoLstmLayer(GradientCheckpointingLayer):
         `cell`/`hidden` the initial state. Returns the outputs (zero past each row's length) and the state after
         each row's last real step.
         """
-        input_gates = self.input_proj(inputs)
+        input_gates = nn.functional.linear(inputs, self.input_proj.weight, fold_forget_bias(self.input_proj.bias))
         outputs = []
         for t in range(inputs.shape[1]):
-            gates = input_gates[:, t] + self.recurrent_proj(hidden)
-            in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=-1)
-            new_cell = torch.sigmoid(forget_gate + FORGET_GATE_BIAS) * cell + torch.sigmoid(in_gate) * torch.tanh(
-                candidate
-            )
-            if self.cell_clip is not None:
-                new_cell = new_cell.clamp(-self.cell_clip, self.cell_clip)
-            new_hidden = self.output_proj(torch.sigmoid(out_gate) * torch.tanh(new_cell))
-            if self.proj_clip is not None:
-                new_hidden = new_hidden.clamp(-self.proj_clip, self.proj_clip)
+            new_cell, cell_output = lstm_cell(input_gates[:, t] + self.recurrent_proj(hidden), cell, self.cell_clip)
+            new_hidden = clip(self.output_proj(cell_output), self.proj_clip)
             # Rows already past their length keep their state, so the returned state is each row's final one.
             active = mask[:, t, None]
             cell = torch.where(active, new_cell, cell)
             hidden = torch.where(active, new_hidden, hidden)
             outputs.append(new_hidden * active)
         return torch.stack(outputs, dim=1), cell, hidden
-
-
-def reverse_within_lengths(sequences: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Reverse each row's first `length` steps in place of the time axis (dim 1); padding stays put."""
-    steps = torch.arange(sequences.shape[1], device=sequences.device)
-    index = torch.where(steps < lengths[:, None], lengths[:, None] - 1 - steps, steps)
-    index = index.view(*index.shape, *([1] * (sequences.dim() - 2))).expand_as(sequences)
-    return sequences.gather(1, index)
 
 
 def lstm_input_dropout_masks(probability: float, num_layers: int, tokens: torch.Tensor) -> torch.Tensor | None:
@@ -194,11 +210,46 @@ def lstm_input_dropout_masks(probability: float, num_layers: int, tokens: torch.
     return keep.to(tokens.dtype) / (1 - probability)
 
 
+def bilstm_reference(
+    module: "ElmoBiLstm",
+    tokens: torch.Tensor,
+    mask: torch.Tensor,
+    state: tuple[torch.Tensor, torch.Tensor],
+    output_layers: tuple[int, ...],
+    words_only: bool,
+    dropout_masks: torch.Tensor | None = None,
+) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """
+    The specification of the biLSTM (the "reference" implementation): each direction's stack of `ElmoLstmLayer`s
+    in turn, the backward one reading each sentence reversed within its length. Arguments and results as
+    `ElmoBiLstm.forward`.
+    """
+    lengths = mask.sum(dim=1)
+    directions, finals = [], []
+    for direction, layers in enumerate((module.forward_layers, module.backward_layers)):
+        # Reversing within lengths keeps the padding at the end.
+        layer_input = tokens if direction == 0 else reverse_within_lengths(tokens, lengths)
+
+        def run_layer(index, layer_input, layers=layers, direction=direction):
+            return layers[index](layer_input, mask, state[0][index, direction], state[1][index, direction])
+
+        masks = None if dropout_masks is None else dropout_masks[:, direction]
+        outputs, cells, hiddens = stack_layers(run_layer, layer_input, len(layers), module.use_skip_connections, masks)
+        directions.append(outputs)
+        finals.append((cells, hiddens))
+    layer_outputs = [
+        bidirectional_output(directions[0][index], directions[1][index], lengths, words_only) for index in output_layers
+    ]
+    final_state = (torch.stack([finals[0][0], finals[1][0]], dim=1), torch.stack([finals[0][1], finals[1][1]], dim=1))
+    return layer_outputs, final_state
+
+
 class ElmoBiLstm(nn.Module):
     """Two stacks of `ElmoLstmLayer`: one reads each sentence forward, the other backward."""
 
     def __init__(self, config: ElmoConfig):
         super().__init__()
+        self.config = config
         self.use_skip_connections = config.use_skip_connections
         self.forward_layers = nn.ModuleList(ElmoLstmLayer(config) for _ in range(config.num_lstm_layers))
         self.backward_layers = nn.ModuleList(ElmoLstmLayer(config) for _ in range(config.num_lstm_layers))
@@ -223,84 +274,14 @@ class ElmoBiLstm(nn.Module):
         """
         if output_layers is None:
             output_layers = tuple(range(len(self.forward_layers)))
-        # The specification of the biLSTM: the "reference" implementation, and the oracle of the others.
-        lengths = mask.sum(dim=1)
-        final_cells, final_hiddens, layer_outputs = [], [], []
-        directions = []
-        for direction, layers in enumerate((self.forward_layers, self.backward_layers)):
-            # The backward stack reads the reversed sentence; reversing within lengths keeps the padding at the end.
-            layer_input = tokens if direction == 0 else reverse_within_lengths(tokens, lengths)
-            outputs, cells, hiddens = [], [], []
-            for index, layer in enumerate(layers):
-                if dropout_masks is not None:
-                    layer_input = layer_input * dropout_masks[index, direction]
-                output, cell, hidden = layer(layer_input, mask, state[0][index, direction], state[1][index, direction])
-                if index > 0 and self.use_skip_connections:
-                    output = output + layer_input
-                outputs.append(output if direction == 0 else reverse_within_lengths(output, lengths))
-                cells.append(cell)
-                hiddens.append(hidden)
-                layer_input = output
-            directions.append(outputs)
-            final_cells.append(torch.stack(cells))
-            final_hiddens.append(torch.stack(hiddens))
-        for index in output_layers:
-            output = torch.cat([directions[0][index], directions[1][index]], dim=-1)
-            if words_only:
-                # Word w sits at position w + 1; it is a word (not </S>) while w + 2 < length.
-                output = output[:, 1:-1] * mask[:, 2:, None]
-            layer_outputs.append(output)
-        return layer_outputs, (torch.stack(final_cells, dim=1), torch.stack(final_hiddens, dim=1))
+        implementation = elmo_implementation_for(self.config, tokens.device)
+        return implementation.bilstm(self, tokens, mask, state, output_layers, words_only, dropout_masks)
 
 
-@dataclass(frozen=True)
-class ElmoImplementation:
-    """
-    One way of computing the char CNN and the biLSTM: functions over the modules' parameters that compute what
-    `ElmoCharacterEncoder.forward` and `ElmoBiLstm.forward` specify. Like Transformers' attention
-    implementations, the choice changes speed, never the function (the tests hold each one to "reference").
-    """
-
-    # (ElmoCharacterEncoder, char ids (words, chars)) -> token vectors (words, projection_dim)
-    token_vectors: Callable
-    # (ElmoBiLstm, tokens, mask, state, output_layers, words_only, dropout_masks) -> as ElmoBiLstm.forward
-    bilstm: Callable
-    # Whether input checks may read values back to the host (and raise ValueError with details). Otherwise they
-    # stay on the device (`torch._assert_async`): no sync, and a bad value stops the process.
-    checks_on_host: bool
-
-    def check(self, condition: torch.Tensor, message: str | Callable[[], str]):
-        """Fail with `message` (a string, or a function making one) unless the 0-dim bool `condition` holds."""
-        if self.checks_on_host:
-            if not bool(condition):
-                raise ValueError(message() if callable(message) else message)
-        else:
-            torch._assert_async(condition, message if isinstance(message, str) else "invalid input to ELMo")
-
-
-ELMO_IMPLEMENTATIONS = {
-    # The modules themselves: the specification, and the oracle of the others.
-    "reference": ElmoImplementation(lambda encoder, ids: encoder(ids), lambda bilstm, *args: bilstm(*args), True),
-    # Tuned for CPUs (elmo_cpu.py): each distinct word once, a packed in-place recurrence for inference.
-    "cpu": ElmoImplementation(cpu_token_vectors, cpu_bilstm, True),
-    # Static shapes and no host syncs, a fused recurrence with a hand-written backward (elmo_cuda.py).
-    "cuda": ElmoImplementation(lambda encoder, ids: encoder(ids), cuda_bilstm, False),
-}
-
-
-def elmo_implementation_for(config: ElmoConfig, device: torch.device) -> ElmoImplementation:
-    """
-    The one place the implementation is chosen: `config.elmo_implementation` when set, else by the inputs'
-    device, "cuda" on a GPU and "cpu" on a CPU. Inside `torch.compile`, which traces static graphs, the default
-    is "cuda" on any device (the "cpu" implementation reads lengths back to the host).
-    """
-    name = config.elmo_implementation
-    if name is None:
-        if device.type == "cuda" or torch.compiler.is_compiling():
-            name = "cuda"
-        else:
-            name = "cpu" if device.type == "cpu" else "reference"
-    return ELMO_IMPLEMENTATIONS[name]
+# The three built-in implementations; `elmo_implementations.register` adds others.
+register("reference", ElmoImplementation(bilstm=bilstm_reference, token_vectors=char_encoder_reference))
+register("cpu", CPU_IMPLEMENTATION)
+register("cuda", CUDA_IMPLEMENTATION)
 
 
 class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
@@ -309,7 +290,8 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
     base_model_prefix = "elmo"
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["ElmoCharacterEncoder", "ElmoLstmLayer"]
+    # The biLSTM's implementations advance both directions' layers together: it stays on one device.
+    _no_split_modules = ["ElmoCharacterEncoder", "ElmoBiLstm"]
     # A pretraining checkpoint holds the LM softmax; every other class rightly leaves it unread.
     _keys_to_ignore_on_load_unexpected = [r"^softmax\."]
 
@@ -377,6 +359,9 @@ class ElmoModel(ElmoPreTrainedModel):
         super().__init__(config)
         self.char_encoder = ElmoCharacterEncoder(config)
         self.bilstm = ElmoBiLstm(config)
+        # Plain numbers, built once: the forward (possibly traced by torch.compile) only turns them into a tensor.
+        width = config.max_characters_per_token
+        self._boundary_rows = [word_to_char_ids(word, width) for word in (BEGIN_SENTENCE_WORD, END_SENTENCE_WORD)]
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -387,12 +372,10 @@ class ElmoModel(ElmoPreTrainedModel):
 
     def boundary_char_ids(self, device) -> torch.Tensor:
         """Char-id rows of `<S>` and `</S>`, shape `(2, max_characters_per_token)`."""
-        width = self.config.max_characters_per_token
-        rows = [word_to_char_ids(BEGIN_SENTENCE_WORD, width), word_to_char_ids(END_SENTENCE_WORD, width)]
-        return torch.tensor(rows, dtype=torch.long, device=device)
+        return torch.tensor(self._boundary_rows, dtype=torch.long, device=device)
 
     def word_mask(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, implementation: ElmoImplementation | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     ) -> torch.Tensor:
         """Checks the inputs and returns which positions hold words, `(batch, words)` bool."""
         if not isinstance(input_ids, torch.Tensor):
@@ -409,7 +392,6 @@ class ElmoModel(ElmoPreTrainedModel):
             raise ValueError("input_ids is an empty batch (batch size 0); pass at least one sentence.")
         if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool or input_ids.dtype == torch.uint8:
             raise ValueError(f"input_ids must hold integer char ids (int64 or int32), got dtype {input_ids.dtype}.")
-        implementation = implementation or elmo_implementation_for(self.config, input_ids.device)
         has_chars = input_ids.ne(0).any(dim=-1)
         if attention_mask is None:
             mask = has_chars
@@ -420,18 +402,18 @@ class ElmoModel(ElmoPreTrainedModel):
                     f"got {tuple(attention_mask.shape)}."
                 )
             mask = attention_mask.bool()
-            implementation.check(
+            check_input(
                 ~(mask & ~has_chars).any(),
                 "attention_mask marks a word whose input_ids row is all zeros (a padded position).",
             )
         if input_ids.numel():
-            implementation.check(
+            check_input(
                 (input_ids.min() >= 0) & (input_ids.max() < N_CHARACTERS),
                 f"input_ids hold char ids outside [0, {N_CHARACTERS}).",
             )
         lengths = mask.sum(dim=1)
         prefix = torch.arange(mask.shape[1], device=mask.device) < lengths[:, None]
-        implementation.check(
+        check_input(
             (prefix == mask).all(),
             "Each row's words must come first and padding last (right padding): found a word after a padded "
             "position. ElmoTokenizer pads on the right.",
@@ -488,8 +470,7 @@ class ElmoModel(ElmoPreTrainedModel):
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
-        implementation = elmo_implementation_for(self.config, input_ids.device)
-        mask = self.word_mask(input_ids, attention_mask, implementation)
+        mask = self.word_mask(input_ids, attention_mask)
         batch_size, num_words = mask.shape
         lengths = mask.sum(dim=1)
         dtype = self.char_encoder.char_embeddings.weight.dtype
@@ -504,7 +485,7 @@ class ElmoModel(ElmoPreTrainedModel):
         char_ids = torch.cat([boundaries[0].expand(batch_size, 1, -1), input_ids, padding], dim=1)
         char_ids = torch.where((positions == lengths[:, None] + 1)[..., None], boundaries[1], char_ids)
         # One expression, so that the unmasked vectors are freed before the biLSTM runs.
-        tokens = implementation.token_vectors(self.char_encoder, char_ids.flatten(0, 1)).view(
+        tokens = self.char_encoder(char_ids.flatten(0, 1)).view(
             batch_size, num_words + 2, -1
         ) * sequence_mask[..., None]
 
@@ -517,8 +498,8 @@ class ElmoModel(ElmoPreTrainedModel):
         num_layers = self.config.num_lstm_layers
         output_layers = tuple(range(num_layers)) if output_hidden_states else (num_layers - 1,)
         dropout_masks = lstm_input_dropout_masks(lstm_dropout, num_layers, tokens)
-        lstm_outputs, final_state = implementation.bilstm(
-            self.bilstm, tokens, sequence_mask, state, output_layers, not keep_sentence_boundaries, dropout_masks
+        lstm_outputs, final_state = self.bilstm(
+            tokens, sequence_mask, state, output_layers, not keep_sentence_boundaries, dropout_masks
         )
 
         layers = lstm_outputs
@@ -829,11 +810,12 @@ class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
     pipeline take, is the Viterbi labelling; `decode` returns it directly.
     """
 
+    # Saved folders name ELMo's own pipeline for this task (`elmo_hub.py`): the stock one cannot read char ids.
+    elmo_pipeline_task = "token-classification"
+
     def __init__(self, config: ElmoConfig):
         super().__init__(config)
         self.num_labels = config.num_labels
-        # The stock pipeline cannot read per-word char ids; this makes pipeline(..., trust_remote_code=True) use ours.
-        add_custom_pipelines(config)
         self.elmo = ElmoModel(config)
         self.encoder = ElmoTaskEncoder(config)
         self.classifier = nn.Linear(self.encoder.output_size, config.num_labels)
@@ -1143,7 +1125,7 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         return forward_targets, backward_targets
 
     def _check_labels(
-        self, labels: torch.Tensor, input_ids: torch.Tensor, words: torch.Tensor, implementation: ElmoImplementation
+        self, labels: torch.Tensor, input_ids: torch.Tensor, words: torch.Tensor
     ) -> torch.Tensor:
         if labels.shape != input_ids.shape[:2]:
             raise ValueError(
@@ -1162,10 +1144,7 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
                 "(config.vocab_size) nor -100 (ignored)."
             )
 
-        if implementation.checks_on_host:
-            implementation.check(~bad.any(), message)
-        else:
-            implementation.check(~bad.any(), f"labels hold word ids outside [0, {self.config.vocab_size}) and not -100.")
+        check_input(~bad.any(), f"labels hold word ids outside [0, {self.config.vocab_size}) and not -100.", message)
         return labels
 
     def _full_softmax_losses(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -1228,8 +1207,7 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
             result.backward_logits = self.softmax(backward_hidden)
             return result
 
-        implementation = elmo_implementation_for(self.config, input_ids.device)
-        labels = self._check_labels(labels, input_ids, word_mask[:, 1:-1], implementation)
+        labels = self._check_labels(labels, input_ids, word_mask[:, 1:-1])
         forward_targets, backward_targets = self.lm_targets(labels, word_mask)
         # Every position is scored and the ignored ones masked out of the sums: static shapes, no host sync.
         hidden = torch.cat([forward_hidden.flatten(0, 1), backward_hidden.flatten(0, 1)])

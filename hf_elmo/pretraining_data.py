@@ -24,15 +24,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .configuration_elmo import (
-    BEGIN_SENTENCE_WORD,
-    BEGIN_WORD_CHAR,
-    CHAR_ID_SHIFT,
-    END_SENTENCE_WORD,
-    END_WORD_CHAR,
-    PAD_CHAR,
-    word_to_char_ids,
-)
+from .configuration_elmo import char_id_rows
 from .vocabulary import SPECIAL_WORDS, UNKNOWN_WORD
 
 
@@ -360,11 +352,6 @@ class BatchEncoder:
         for index, word in enumerate(word_vocab):
             self.word_index.setdefault(word, index)  # as the tokenizer: a duplicated word maps to its first line
         self.unk_index = self.word_index[UNKNOWN_WORD]
-        # The sentence-boundary words have rows of their own (not their bytes); the scheme's one home decides them.
-        self.special_rows = {
-            word: np.asarray(word_to_char_ids(word, self.width), dtype=np.int64)
-            for word in (BEGIN_SENTENCE_WORD, END_SENTENCE_WORD)
-        }
 
     @classmethod
     def from_tokenizer(cls, tokenizer, pad_to_multiple_of: int = 1) -> "BatchEncoder":
@@ -372,21 +359,7 @@ class BatchEncoder:
 
     def char_rows(self, distinct: dict[str, int]) -> np.ndarray:
         """`(len(distinct) + 1, width)` char ids: row i = `word_to_char_ids` of the word numbered i, then zeros."""
-        width = self.width
-        encoded = [word.encode("utf-8", errors="ignore")[: width - 2] for word in distinct]  # bilm-tf's byte cut
-        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-        rows = np.full((len(encoded) + 1, width), PAD_CHAR + CHAR_ID_SHIFT, dtype=np.int64)
-        rows[:, 0] = BEGIN_WORD_CHAR + CHAR_ID_SHIFT
-        flat = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.int64) + CHAR_ID_SHIFT
-        which_word = np.repeat(np.arange(len(encoded)), lengths)
-        first_byte = np.repeat(np.cumsum(lengths) - lengths, lengths)
-        rows[which_word, np.arange(flat.size) - first_byte + 1] = flat
-        rows[np.arange(len(encoded)), lengths + 1] = END_WORD_CHAR + CHAR_ID_SHIFT
-        for word, row in self.special_rows.items():
-            if word in distinct:
-                rows[distinct[word]] = row
-        rows[-1] = 0  # padded positions
-        return rows
+        return np.concatenate([char_id_rows(distinct, self.width), np.zeros((1, self.width), dtype=np.int64)])
 
     def __call__(self, sentences: list[list[str]]) -> dict:
         distinct: dict[str, int] = {}

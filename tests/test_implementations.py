@@ -17,8 +17,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_elmo.configuration_elmo import ElmoConfig, word_to_char_ids
-from hf_elmo import elmo_cpu
-from hf_elmo.elmo_cpu import few_column_matmul
+from hf_elmo import cpu_tuning, elmo_cpu
+from hf_elmo.cpu_tuning import few_column_matmul
+from hf_elmo import modeling_elmo
 from hf_elmo.modeling_elmo import ELMO_IMPLEMENTATIONS, ElmoModel, elmo_implementation_for
 
 
@@ -227,7 +228,7 @@ def test_steps_that_compute_finished_rows_too_give_the_same_result(model, extra,
 def test_step_columns_pads_only_for_a_clear_gain_on_products_worth_timing(monkeypatch):
     weights = [torch.empty(4096, 128), torch.empty(128, 1024)]
     threads = torch.get_num_threads()
-    monkeypatch.setattr(elmo_cpu, "_STEP_COLUMNS", {})
+    monkeypatch.setattr(cpu_tuning, "_STEP_COLUMNS", {})
 
     def products(milliseconds):
         # Made-up timings (ms per column count, the two products together), as if measured on some machine.
@@ -235,23 +236,23 @@ def test_step_columns_pads_only_for_a_clear_gain_on_products_worth_timing(monkey
         for columns, total in milliseconds.items():
             for weight in weights:
                 times[(tuple(weight.shape), weight.dtype, columns, threads)] = (1, total / 2e3)
-        monkeypatch.setattr(elmo_cpu, "_PRODUCTS", times)
-        elmo_cpu._STEP_COLUMNS.clear()
+        monkeypatch.setattr(cpu_tuning, "_PRODUCTS", times)
+        cpu_tuning._STEP_COLUMNS.clear()
 
     products({3: 1.0, 4: 0.9, 5: 0.5, 6: 0.45, 7: 1.0, 8: 0.3})
-    assert elmo_cpu.step_columns(weights, 3, 8) == 8  # the fastest within reach
-    assert elmo_cpu.step_columns(weights, 3, 6) == 6  # never past the columns that hold a state
-    assert elmo_cpu.step_columns(weights, 8, 8) == 8
-    assert elmo_cpu.step_columns(weights, 6, 8) == 8
+    assert cpu_tuning.step_columns(weights, 3, 8) == 8  # the fastest within reach
+    assert cpu_tuning.step_columns(weights, 3, 6) == 6  # never past the columns that hold a state
+    assert cpu_tuning.step_columns(weights, 8, 8) == 8
+    assert cpu_tuning.step_columns(weights, 6, 8) == 8
     products({3: 1.0, 4: 0.85, 5: 0.9, 6: 1.2})
-    assert elmo_cpu.step_columns(weights, 3, 6) == 3  # 1.18x is within timing noise
+    assert cpu_tuning.step_columns(weights, 3, 6) == 3  # 1.18x is within timing noise
     products({3: 0.04, 4: 0.01})
-    assert elmo_cpu.step_columns(weights, 3, 4) == 3  # 40 us: dispatch-bound, never padded
+    assert cpu_tuning.step_columns(weights, 3, 4) == 3  # 40 us: dispatch-bound, never padded
     products({1: 1.0, **{columns: 0.1 for columns in range(2, 40)}})
-    assert elmo_cpu.step_columns(weights, 1, 39) == 2  # the smallest of equals
+    assert cpu_tuning.step_columns(weights, 1, 39) == 2  # the smallest of equals
     products({1: 1.0, **{columns: 1.0 for columns in range(2, 17)}, 17: 0.1, 18: 0.01})
-    assert elmo_cpu.step_columns(weights, 1, 18) == 17  # at most MAX_EXTRA_COLUMNS more
-    assert elmo_cpu.step_columns([w.to("meta") for w in weights], 1, 18) == 1  # GPUs: never
+    assert cpu_tuning.step_columns(weights, 1, 18) == 17  # at most MAX_EXTRA_COLUMNS more
+    assert cpu_tuning.step_columns([w.to("meta") for w in weights], 1, 18) == 1  # GPUs: never
 
 
 @pytest.mark.parametrize(
@@ -612,12 +613,12 @@ def test_few_column_matmul_equals_addmm(rows, columns, blocked, monkeypatch):
     generator = torch.Generator().manual_seed(rows + columns)
     weight, states = torch.randn(rows, 64, generator=generator), torch.randn(64, columns, generator=generator)
     # Both ways of computing it, whichever this machine measures faster.
-    chosen, seconds = elmo_cpu.measured_product(weight, columns)
+    chosen, seconds = cpu_tuning.measured_product(weight, columns)
     assert seconds > 0
     assert chosen == 1 if columns == 1 or rows % 2 else chosen in (1, max(2, min(16, rows // 256)))
     if columns > 1 and rows % 2 == 0:
         key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
-        monkeypatch.setitem(elmo_cpu._PRODUCTS, key, (max(2, min(16, rows // 256)) if blocked else 1, seconds))
+        monkeypatch.setitem(cpu_tuning._PRODUCTS, key, (max(2, min(16, rows // 256)) if blocked else 1, seconds))
     add = torch.randn(columns, rows, generator=generator).t()  # a transposed view, as the steps pass it
     out = torch.full((rows, columns), float("nan"))
     assert few_column_matmul(weight, states, out, add=add) is out
@@ -676,8 +677,7 @@ def test_a_training_step_compiles_into_one_graph():
 
 def test_packed_recurrence_equals_the_static_one_with_a_row_that_reads_nothing():
     # Rows sorted longest first, the last one empty: its final state is its initial one, its gradient passes through.
-    from hf_elmo.elmo_cpu import PackedClippedLstmRecurrence
-    from hf_elmo.elmo_cuda import ClippedLstmRecurrence
+    from hf_elmo.elmo_ops import ClippedLstmRecurrence
 
     generator = torch.Generator().manual_seed(7)
     lengths, steps, lstm_dim, projection_dim = [5, 3, 0], 5, 8, 4
@@ -695,9 +695,9 @@ def test_packed_recurrence_equals_the_static_one_with_a_row_that_reads_nothing()
         return [o.detach() for o in outputs], torch.autograd.grad(loss, inputs)
 
     def packed_reading(rows_at):
-        return lambda gates, *rest: PackedClippedLstmRecurrence.apply(gates, *rest, 1.0, 1.5, rows_at)
+        return lambda gates, *rest: ClippedLstmRecurrence.apply(gates, None, *rest, 1.0, 1.5, rows_at)
 
-    static = run_recurrence(lambda gates, *rest: ClippedLstmRecurrence.apply(gates, active, *rest, 1.0, 1.5))
+    static = run_recurrence(lambda gates, *rest: ClippedLstmRecurrence.apply(gates, active, *rest, 1.0, 1.5, None))
     packed = run_recurrence(packed_reading((2, 2, 2, 1, 1)))
     for a, b in zip(static[0] + list(static[1]), packed[0] + list(packed[1])):
         assert (a - b).abs().max() <= 1e-5 * max(1.0, a.abs().max())
@@ -705,3 +705,66 @@ def test_packed_recurrence_equals_the_static_one_with_a_row_that_reads_nothing()
     # No row reads any step: the state passes through, the weights get zero gradients.
     outputs, grads = run_recurrence(packed_reading(()))
     assert not outputs[0].any() and torch.equal(outputs[1], leaves[1]) and not grads[3].any()
+
+
+@pytest.mark.parametrize("implementation", ["reference", *TUNED])
+def test_submodules_dispatch_themselves_and_their_hooks_fire(model, implementation):
+    # Calling the char encoder or the biLSTM directly computes with the model's setting, as the whole model does,
+    # and forward hooks on them see every call.
+    ids = make_batch([5, 2, 7], seed=40)
+    seen = []
+    handles = [module.register_forward_hook(lambda module, args, output, name=name: seen.append(name))
+               for name, module in (("char_encoder", model.char_encoder), ("bilstm", model.bilstm))]
+    use(model, implementation)
+    try:
+        with torch.no_grad():
+            whole = model(ids, keep_sentence_boundaries=True, output_hidden_states=True)
+            assert seen == ["char_encoder", "bilstm"]
+            flat = ids.flatten(0, 1)
+            tokens = model.char_encoder(flat)
+            reference_tokens = modeling_elmo.char_encoder_reference(model.char_encoder, flat)
+            mask = whole.word_mask
+            layer_input = whole.hidden_states[0][..., : model.config.projection_dim]
+            state = model.zero_lstm_state(3, "cpu", torch.float32)
+            layers, _ = model.bilstm(layer_input, mask, state)
+            reference_layers, _ = modeling_elmo.bilstm_reference(model.bilstm, layer_input, mask, state, (0, 1), False)
+    finally:
+        use(model, None)
+        for handle in handles:
+            handle.remove()
+    assert seen == ["char_encoder", "bilstm", "char_encoder", "bilstm"]
+    assert (tokens - reference_tokens).abs().max() <= 1e-5
+    for direct, from_model, reference in zip(layers, whole.hidden_states[1:], reference_layers):
+        assert torch.equal(direct, from_model)  # the submodule alone gives what the whole model gives
+        assert (direct - reference).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("implementation", ["reference", *TUNED])
+def test_bad_input_gets_the_same_error_on_every_implementation(model, implementation):
+    ids = make_batch([3, 2], seed=41)
+    gap = torch.tensor([[1, 0, 1], [1, 1, 0]])  # a word after a padded position
+    use(model, implementation)
+    try:
+        with pytest.raises(ValueError, match="Each row's words must come first and padding last"):
+            model(ids, attention_mask=gap)
+        with pytest.raises(ValueError, match=r"input_ids hold char ids outside \[0, 262\)"):
+            model(ids.masked_fill(ids == 99, 400))
+    finally:
+        use(model, None)
+
+
+def test_fixed_cpu_tuning_measures_nothing_and_gives_the_same_function(model, monkeypatch):
+    ids = make_batch([7, 1, 12, 4, 12, 2], seed=42)
+    with torch.no_grad():
+        measured = run(model, ids, "cpu")
+
+        def no_timing(*args):
+            raise AssertionError("a product was timed")
+
+        monkeypatch.setenv(cpu_tuning.TUNING_VARIABLE, "fixed")
+        monkeypatch.setattr(cpu_tuning, "measured_product", no_timing)
+        monkeypatch.setattr(cpu_tuning, "_STEP_COLUMNS", {})
+        assert cpu_tuning.step_columns([torch.empty(64, 8)], 3, 6) == 3
+        fixed = run(model, ids, "cpu")
+    assert max_diff(fixed.hidden_states, measured.hidden_states) <= 1e-5
+    assert cpu_tuning._STEP_COLUMNS == {}

@@ -1,0 +1,136 @@
+"""CPU tuning that is measured, not assumed: how the recurrence's few-column products are handed to BLAS.
+
+Each step of the CPU recurrence multiplies a tall weight by one column per sentence still being read. Some CPU BLAS
+builds share such a product between threads badly at some column counts, and some take several times longer for a
+few columns than for a few more (benchmarks/README.md). So, on this process's first product of each shape, this
+module times the alternatives and keeps the faster: row blocks or not (`measured_product`), and extra columns of
+finished rows or not (`step_columns`). The choices live here, in two caches, and nowhere else.
+
+Two processes may therefore choose differently, and a product's last bit may differ with its column count. Where
+that matters (a bit-exact comparison across processes or machines), set `HF_ELMO_CPU_TUNING=fixed` in the
+environment (read on every call): every product is then plain and every step computes exactly its rows, with no
+timing at all. Results are the same function either way; the tests hold both to the reference.
+"""
+
+import os
+import time
+
+import torch
+
+
+# The environment variable, and its value, that turn the measured choices off (see above).
+TUNING_VARIABLE = "HF_ELMO_CPU_TUNING"
+FIXED = "fixed"
+
+
+def tuning_is_fixed() -> bool:
+    return os.environ.get(TUNING_VARIABLE, "").strip().lower() == FIXED
+
+
+# The recurrent matmul may be handed to BLAS as this many row blocks at most, where that measures faster (see
+# `few_column_matmul`).
+MAX_ROW_BLOCKS = 16
+# A recurrence step may compute up to this many columns of finished rows besides the rows still reading, where
+# that measures faster (see `step_columns`) ...
+MAX_EXTRA_COLUMNS = 16
+# ... by at least this factor: a small gain is not worth a choice that timing noise could flip between runs (a
+# product's rounding may differ with its column count) ...
+MIN_STEP_SPEEDUP = 1.25
+# ... and only for products that take longer than this: quicker ones are bound by dispatch, not arithmetic, and
+# their timings are too noisy to choose by.
+MIN_STEP_SECONDS = 50e-6
+
+def few_column_matmul(
+    weight: torch.Tensor, columns: torch.Tensor, out: torch.Tensor | None = None, add: torch.Tensor | None = None
+) -> torch.Tensor:
+    """
+    `add + weight @ columns` for a tall `weight` and a few `columns` (one per sentence still being read), written
+    into `out` when given (without autograd) or returned as a new tensor. `add` may be `out` itself.
+
+    Some CPU BLAS builds share such a product between threads badly at some column counts; handing them row blocks
+    of the weight as one batched matmul keeps every thread on whole blocks. Whether that pays depends on the
+    BLAS, the processor and the thread count, so it is measured on this process's first product of each shape
+    (`measured_product`), not assumed. GPUs, and `HF_ELMO_CPU_TUNING=fixed`, always get the plain product.
+    """
+    blocks = 1 if weight.device.type != "cpu" or tuning_is_fixed() else measured_product(weight, columns.shape[1])[0]
+    if blocks == 1:
+        if add is None:
+            return torch.mm(weight, columns, out=out)
+        return torch.addmm(add, weight, columns, out=out)
+    weight = weight.view(blocks, -1, weight.shape[1])
+    columns = columns.expand(blocks, *columns.shape)
+    blocked_out = None if out is None else out.view(blocks, -1, columns.shape[-1])
+    if add is None:
+        product = torch.bmm(weight, columns, out=blocked_out)
+    else:
+        product = torch.baddbmm(add.view(blocks, -1, add.shape[1]), weight, columns, out=blocked_out)
+    return product.view(-1, columns.shape[-1]) if out is None else out
+
+
+def row_blocks(weight: torch.Tensor) -> int:
+    """Into how many row blocks `few_column_matmul`'s blocked product splits `weight`: 256 rows or more each."""
+    return max(2, min(MAX_ROW_BLOCKS, weight.shape[0] // 256))
+
+
+# (weight shape, dtype, columns, threads) -> (row blocks, seconds), as measured in this process.
+_PRODUCTS: dict[tuple, tuple[int, float]] = {}
+
+
+def measured_product(weight: torch.Tensor, columns: int) -> tuple[int, float]:
+    """
+    How `few_column_matmul` multiplies `weight` (on a CPU) by `columns` columns, and how long that takes here: the
+    row blocks it hands BLAS, 1 (plain) or `MAX_ROW_BLOCKS`-bounded blocks, whichever ran faster in a short
+    measurement (the best of three products each, interleaved), with that time. Measured once per shape, column
+    count and thread count.
+    """
+    key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
+    if key not in _PRODUCTS:
+        with torch.no_grad():
+            w, x = weight.detach(), weight.new_ones(weight.shape[1], columns)
+            blocks = row_blocks(w)
+            candidates = {1: lambda: torch.mm(w, x)}
+            # A matrix-vector product is never worth blocking.
+            if columns > 1 and w.shape[0] % blocks == 0:
+                candidates[blocks] = lambda: torch.bmm(w.view(blocks, -1, w.shape[1]), x.expand(blocks, *x.shape))
+            best = dict.fromkeys(candidates, float("inf"))
+            for _ in range(3):
+                for choice, product in candidates.items():
+                    start = time.perf_counter()
+                    product()
+                    best[choice] = min(best[choice], time.perf_counter() - start)
+        fastest = min(best, key=best.get)
+        _PRODUCTS[key] = (fastest, best[fastest])
+    return _PRODUCTS[key]
+
+
+# (weight shapes, dtype, rows, available, threads) -> columns, as chosen in this process.
+_STEP_COLUMNS: dict[tuple, int] = {}
+
+
+def step_columns(weights: list[torch.Tensor], rows: int, available: int) -> int:
+    """
+    How many state columns a recurrence step computes when its first `rows` columns are still reading and its
+    first `available` (>= rows) columns hold finite states: `rows`, or up to `MAX_EXTRA_COLUMNS` more where the
+    step's products (`few_column_matmul` with each of `weights`) measure at least `MIN_STEP_SPEEDUP` times faster
+    on more columns. Some BLAS builds take several times longer for some small column counts than for a larger
+    one (benchmarks/README.md); the extra columns are rows that have finished, whose results are never read.
+    Products quicker than `MIN_STEP_SECONDS` are never padded, nor any with `HF_ELMO_CPU_TUNING=fixed`.
+    """
+    if weights[0].device.type != "cpu" or rows == available or tuning_is_fixed():
+        return rows
+    key = (*(tuple(weight.shape) for weight in weights), weights[0].dtype, rows, available, torch.get_num_threads())
+    if key not in _STEP_COLUMNS:
+        _STEP_COLUMNS[key] = _fastest_step_columns(weights, rows, available)
+    return _STEP_COLUMNS[key]
+
+
+def _fastest_step_columns(weights: list[torch.Tensor], rows: int, available: int) -> int:
+    seconds = lambda columns: sum(measured_product(weight, columns)[1] for weight in weights)  # noqa: E731
+    own = seconds(rows)
+    if own < MIN_STEP_SECONDS:
+        return rows
+    best, best_seconds = rows, own / MIN_STEP_SPEEDUP
+    for columns in range(rows + 1, min(available, rows + MAX_EXTRA_COLUMNS) + 1):
+        if seconds(columns) < best_seconds:
+            best, best_seconds = columns, seconds(columns)
+    return best

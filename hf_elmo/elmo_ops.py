@@ -1,0 +1,359 @@
+"""The maths every ELMo implementation shares: the highway, the LSTM step and its backward, clipping, the
+forget-bias fold, reversal within lengths, layer stacking, the output layout, and the clipped recurrence.
+
+Written once, here, and imported by the model (`modeling_elmo.py`, whose modules are the specification) and by the
+tuned implementations (`elmo_cpu.py`, `elmo_cuda.py`); this module imports none of them. Changing bilm-tf's
+semantics (a clip, the forget bias, the gate order, the output layout) is a change to this file.
+
+Conventions: "no clip" is `math.inf` (never None); gate pre-activations are laid out (input, candidate, forget,
+output), TensorFlow's `LSTMCell` order, along one dimension (`dim`); a sentence in the biLSTM is `<S> w_1 .. w_n
+</S>` followed by padding, so its length counts the two boundaries.
+"""
+
+import functools
+import math
+
+import torch
+
+
+# TensorFlow's LSTMCell adds this to the forget gate's pre-activation at run time; bilm-tf files do not store it.
+FORGET_GATE_BIAS = 1.0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Char CNN
+# ---------------------------------------------------------------------------------------------------------------
+def highway_mix(gate: torch.Tensor, transformed: torch.Tensor, hidden: torch.Tensor, in_place: bool = False):
+    """
+    bilm-tf's highway combination `gate * transformed + (1 - gate) * hidden` (its "carry" gate scales the
+    transformed branch), computed as `hidden + gate * (transformed - hidden)`. `in_place` (no autograd) writes
+    the result into `transformed`.
+    """
+    if in_place:
+        return transformed.sub_(hidden).mul_(gate).add_(hidden)
+    return hidden + gate * (transformed - hidden)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One LSTM step
+# ---------------------------------------------------------------------------------------------------------------
+def clip_limit(value: float | None) -> float:
+    """A clip setting from a config (None: no clipping) as the one representation used here: a float, inf for none."""
+    return math.inf if value is None else float(value)
+
+
+def clip(values: torch.Tensor, limit: float, in_place: bool = False) -> torch.Tensor:
+    """TensorFlow's `clip_by_value(values, -limit, limit)`; `limit` inf leaves `values` as they are."""
+    if limit == math.inf:
+        return values
+    return values.clamp_(-limit, limit) if in_place else values.clamp(-limit, limit)
+
+
+def fold_forget_bias(bias: torch.Tensor) -> torch.Tensor:
+    """The gate bias `(..., 4 * lstm_dim)` with `FORGET_GATE_BIAS` added to its forget block, once, instead of at
+    every step."""
+    lstm_dim = bias.shape[-1] // 4
+    shift = torch.zeros(4 * lstm_dim, dtype=bias.dtype, device=bias.device)
+    shift[2 * lstm_dim : 3 * lstm_dim] = FORGET_GATE_BIAS
+    return bias + shift
+
+
+def lstm_cell(gates: torch.Tensor, cell: torch.Tensor, cell_clip: float, dim: int = -1, in_place: bool = False,
+              new_cell: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    The element-wise part of one step of bilm-tf's LSTM (no peepholes): from the gate pre-activations (forget bias
+    folded in) along `dim` and the cell state, the new cell state, clipped, and the cell's output `sigmoid(output) *
+    tanh(cell)` that the projection reads.
+
+    `in_place` (no autograd, the CPU inference path): the activations overwrite `gates`, the new cell goes into the
+    buffer `new_cell`, and the output into the candidate's rows of `gates`; nothing is allocated.
+    """
+    in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=dim)
+    if in_place:
+        lstm_dim = gates.shape[dim] // 4
+        in_gate.sigmoid_()
+        candidate.tanh_()
+        gates.narrow(dim, 2 * lstm_dim, 2 * lstm_dim).sigmoid_()  # the forget and output gates, in one call
+        torch.mul(forget_gate, cell, out=new_cell).addcmul_(in_gate, candidate)
+        clip(new_cell, cell_clip, in_place=True)
+        return new_cell, torch.tanh(new_cell, out=candidate).mul_(out_gate)  # the candidate is spent
+    new_cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(in_gate) * torch.tanh(candidate)
+    new_cell = clip(new_cell, cell_clip)
+    return new_cell, torch.sigmoid(out_gate) * torch.tanh(new_cell)
+
+
+def lstm_cell_backward(gates, cell, grad_cell, grad_cell_output, active, cell_clip: float):
+    """
+    The backward of `lstm_cell` (row-major, `dim=-1`) at one step: `gates` the step's pre-activations, `cell` the
+    state before it, `grad_cell` the gradient of the state after it, `grad_cell_output` that of the cell's output.
+    `active` (bool, broadcast over rows; None: every row reads the step): a row that does not read the step keeps
+    its state, so its gradient passes through. Returns the gradient of the pre-activations (fp32) and of the state
+    before the step. Clipping passes no gradient where it clipped, as TensorFlow's `clip_by_value`.
+    """
+    in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=-1)
+    i, j, f, o = torch.sigmoid(in_gate), torch.tanh(candidate), torch.sigmoid(forget_gate), torch.sigmoid(out_gate)
+    unclipped = f * cell + i * j
+    tanh_cell = torch.tanh(clip(unclipped, cell_clip))
+    grad_cell_output = grad_cell_output.float()
+    grad_new = grad_cell if active is None else torch.where(active, grad_cell, 0.0)
+    grad_new = grad_new + grad_cell_output * o * (1 - tanh_cell * tanh_cell)
+    grad_new = torch.where(unclipped.abs() <= cell_clip, grad_new, 0.0)
+    grad_gates = torch.cat(
+        [grad_new * j * i * (1 - i), grad_new * i * (1 - j * j), grad_new * cell * f * (1 - f),
+         grad_cell_output * tanh_cell * o * (1 - o)],
+        dim=-1,
+    )
+    return grad_gates, grad_new * f if active is None else torch.where(active, grad_new * f, grad_cell)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sentences, directions and layers
+# ---------------------------------------------------------------------------------------------------------------
+def reverse_within_lengths(sequences: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Reverse each row's first `length` steps in place of the time axis (dim 1); padding stays put."""
+    steps = torch.arange(sequences.shape[1], device=sequences.device)
+    index = torch.where(steps < lengths[:, None], lengths[:, None] - 1 - steps, steps)
+    index = index.view(*index.shape, *([1] * (sequences.dim() - 2))).expand_as(sequences)
+    return sequences.gather(1, index)
+
+
+def is_word_position(positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Whether a position of a sentence `lengths` long (`<S>` and `</S>` included) holds a word: word w sits at
+    position w + 1, `</S>` at length - 1."""
+    return (positions >= 1) & (positions <= lengths - 2)
+
+
+def bidirectional_output(forward: torch.Tensor, backward: torch.Tensor, lengths: torch.Tensor, words_only: bool):
+    """
+    One layer's output `[forward; backward]` per position, `(batch, time, 2 * width)`, from each direction's output
+    in its own reading order `(batch, time, width)` (zero past each row's length). `words_only` leaves out the
+    `<S>` and `</S>` positions: `(batch, time - 2, ·)`, word i at i, zero after the row's last word.
+    """
+    output = torch.cat([forward, reverse_within_lengths(backward, lengths)], dim=-1)
+    if words_only:
+        positions = torch.arange(1, output.shape[1] - 1, device=output.device)
+        output = output[:, 1:-1] * is_word_position(positions, lengths[:, None])[..., None]
+    return output
+
+
+def stack_layers(run_layer, layer_input, num_layers: int, skip_connections: bool, input_masks=None,
+                 keep=lambda index: True, in_place: bool = False):
+    """
+    bilm-tf's stack of LSTM layers: `run_layer(index, input) -> (output, cell, hidden)` runs layer `index`; each
+    layer reads the previous one's output. `input_masks[index]` (dropout, pretraining only) multiplies a layer's
+    input; from the second layer on, with `skip_connections`, the layer's input (after its dropout, as bilm-tf's
+    `DropoutWrapper` wraps its `ResidualWrapper`) is added to its output. Returns each layer's output (None for
+    those `keep` rejects, freed once the next layer has read them) and the final cells and hiddens stacked over
+    layers. `in_place` adds the skip connection into the layer's output.
+    """
+    outputs, cells, hiddens = [], [], []
+    for index in range(num_layers):
+        if input_masks is not None:
+            layer_input = layer_input * input_masks[index]
+        output, cell, hidden = run_layer(index, layer_input)
+        if index > 0 and skip_connections:
+            output = output.add_(layer_input) if in_place else output + layer_input
+        outputs.append(output if keep(index) else None)
+        cells.append(cell)
+        hiddens.append(hidden)
+        layer_input = output
+    return outputs, torch.stack(cells), torch.stack(hiddens)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The clipped recurrence with a hand-written backward (the "cuda" implementation, and "cpu" with autograd)
+# ---------------------------------------------------------------------------------------------------------------
+def _compiled(function):
+    """`function`, compiled for CUDA tensors into one fused kernel (eager elsewhere, and when already compiling)."""
+    compiled = None
+
+    @functools.wraps(function)
+    def run(*args):
+        nonlocal compiled
+        if args[0].device.type != "cuda" or torch.compiler.is_compiling():
+            return function(*args)
+        if compiled is None:
+            compiled = torch.compile(function, fullgraph=True)
+        return compiled(*args)
+
+    return run
+
+
+@_compiled
+def _step_forward(input_gates, recurrent_gates, cell, active, cell_clip: float):
+    """`lstm_cell` on the sum of the input and recurrent parts of the gates, in fp32: the gates (kept for the
+    backward), the new cell (changed only where `active`) and the cell's output in the matmul dtype."""
+    gates = input_gates.float() + recurrent_gates.float()
+    new_cell, cell_output = lstm_cell(gates, cell, cell_clip)
+    if active is not None:
+        new_cell = torch.where(active, new_cell, cell)
+    return gates, new_cell, cell_output.to(recurrent_gates.dtype)
+
+
+@_compiled
+def _projection_forward(projected, hidden, active, proj_clip: float):
+    """The clipped projection -> the new hidden state (changed only where `active`) and the step's output (fp32,
+    zero where not active)."""
+    output = clip(projected.float(), proj_clip)
+    if active is None:
+        return output.to(hidden.dtype), output
+    return torch.where(active, output.to(hidden.dtype), hidden), output * active
+
+
+@_compiled
+def _projection_backward(projected, grad_output, grad_hidden, active, proj_clip: float):
+    """The gradient of a step's (unclipped) projection, in the matmul dtype, from those of its output and of the
+    hidden state after it."""
+    grad_step = grad_output.float() + grad_hidden
+    if active is not None:
+        grad_step = grad_step * active
+    return torch.where(projected.float().abs() <= proj_clip, grad_step, 0.0).to(projected.dtype)
+
+
+class ClippedLstmRecurrence(torch.autograd.Function):
+    """
+    The recurrent part of one bilm-tf LSTM layer, all directions at once (time-major):
+
+    `input_gates` `(time, directions, rows, 4 * lstm_dim)`: the input projection with its bias and the forget bias;
+    `cell`/`hidden` `(directions, rows, ·)` the initial state (cell in fp32, hidden in the matmul dtype);
+    `recurrent` `(directions, projection_dim, 4 * lstm_dim)` and `projection` `(directions, lstm_dim,
+    projection_dim)` the transposed weights in the matmul dtype. Which rows read which step, one of:
+
+    - `active` `(time, 1, rows, 1)` bool (`rows_at` None): every row computes every step and a row that is not
+      active keeps its state. Static shapes, nothing read back to the host: the GPU's way.
+    - `rows_at` (`active` None): rows sorted longest first, step t computes only its first `rows_at[t]` rows, so
+      a batch of mixed lengths costs the sum of its lengths: the CPU's way.
+
+    Returns the outputs `(time, directions, rows, projection_dim)` (fp32, zero where a row does not read) and
+    each row's final state. Per step: two matmuls and two fused element-wise kernels each way; the weight
+    gradients are one matmul over all steps.
+    """
+
+    @staticmethod
+    def forward(ctx, input_gates, active, cell, hidden, recurrent, projection, cell_clip, proj_clip, rows_at):
+        num_rows = input_gates.shape[2]
+        schedule = rows_at if rows_at is not None else (num_rows,) * input_gates.shape[0]
+        outputs = input_gates.new_zeros(*input_gates.shape[:3], projection.shape[-1], dtype=torch.float32)
+        final_cell, final_hidden = cell.clone(), hidden.clone()
+        saved = {"gates": [], "cells": [], "hiddens": [], "cell_outputs": [], "projected": []}
+        for t, rows in enumerate(schedule):
+            if rows == 0:
+                break
+            step_active = None if active is None else active[t, :, :rows]
+            cell, hidden = cell[:, :rows], hidden[:, :rows]
+            gates, new_cell, cell_output = _step_forward(
+                input_gates[t, :, :rows], torch.bmm(hidden, recurrent), cell, step_active, cell_clip
+            )
+            projected = torch.bmm(cell_output, projection)
+            new_hidden, outputs[t, :, :rows] = _projection_forward(projected, hidden, step_active, proj_clip)
+            for name, value in zip(saved, (gates, cell, hidden, cell_output, projected)):
+                saved[name].append(value)
+            cell, hidden = new_cell, new_hidden
+            # Rows whose last step this was keep this state as their final one.
+            done = schedule[t + 1] if t + 1 < len(schedule) else 0
+            final_cell[:, done:rows] = cell[:, done:]
+            final_hidden[:, done:rows] = hidden[:, done:]
+        ctx.steps = len(saved["gates"])
+        ctx.schedule, ctx.clips, ctx.input_dtype = schedule, (cell_clip, proj_clip), input_gates.dtype
+        if any(ctx.needs_input_grad):  # inference keeps nothing
+            ctx.save_for_backward(active, recurrent, projection, *(v for values in saved.values() for v in values))
+        return outputs, final_cell, final_hidden
+
+    @staticmethod
+    def backward(ctx, grad_outputs, grad_final_cell, grad_final_hidden):
+        active, recurrent, projection, *saved = ctx.saved_tensors
+        gates, cells, hiddens, cell_outputs, projected = (saved[i * ctx.steps : (i + 1) * ctx.steps] for i in range(5))
+        cell_clip, proj_clip = ctx.clips
+        # The gradients of each row's state after the last step computed so far (going back): a row that does not
+        # read a step passes its gradient on unchanged.
+        grad_cell, grad_hidden = grad_final_cell.float().clone(), grad_final_hidden.float().clone()
+        grad_input_gates = grad_outputs.new_zeros(*grad_outputs.shape[:3], recurrent.shape[-1], dtype=torch.float32)
+        grad_gates, grad_projected = [None] * ctx.steps, [None] * ctx.steps
+        for t in reversed(range(ctx.steps)):
+            rows = ctx.schedule[t]
+            step_active = None if active is None else active[t, :, :rows]
+            grad_step = _projection_backward(projected[t], grad_outputs[t, :, :rows], grad_hidden[:, :rows],
+                                             step_active, proj_clip)
+            grad_cell_output = torch.bmm(grad_step, projection.transpose(1, 2))
+            step_gates, grad_cell[:, :rows] = lstm_cell_backward(
+                gates[t], cells[t], grad_cell[:, :rows], grad_cell_output, step_active, cell_clip
+            )
+            grad_input_gates[t, :, :rows] = step_gates
+            step_gates = step_gates.to(recurrent.dtype)
+            # The hidden state before the step reaches the loss through this step's gates, and (where the row did
+            # not read the step) unchanged.
+            through_gates = torch.bmm(step_gates, recurrent.transpose(1, 2)).float()
+            if step_active is None:
+                grad_hidden[:, :rows] = through_gates
+            else:
+                grad_hidden[:, :rows] = torch.where(step_active, 0.0, grad_hidden[:, :rows]) + through_gates
+            grad_gates[t], grad_projected[t] = step_gates, grad_step
+        # Weight gradients: one matmul over every step's rows, per direction.
+        if ctx.steps:
+            packed = lambda values: torch.cat(values, dim=1)  # noqa: E731  (directions, sum of rows, n)
+            grad_recurrent = torch.bmm(packed(hiddens).transpose(1, 2), packed(grad_gates))
+            grad_projection = torch.bmm(packed(cell_outputs).transpose(1, 2), packed(grad_projected))
+        else:  # no row read any step
+            grad_recurrent, grad_projection = torch.zeros_like(recurrent), torch.zeros_like(projection)
+        return (grad_input_gates.to(ctx.input_dtype), None, grad_cell, grad_hidden, grad_recurrent, grad_projection,
+                None, None, None)
+
+
+def matmul_dtype(reference: torch.Tensor) -> torch.dtype:
+    """The dtype matmuls run in: autocast's where it is on, else the tensor's own."""
+    if torch.is_autocast_enabled(reference.device.type):
+        return torch.get_autocast_dtype(reference.device.type)
+    return reference.dtype
+
+
+def recurrence_layer(layers, inputs, cell, hidden, active=None, rows_at=None):
+    """
+    One layer of every direction with `ClippedLstmRecurrence`: `layers` (one `ElmoLstmLayer` per direction),
+    `inputs` `(time, directions, rows, projection_dim)`, state `(directions, rows, ·)`, and the rows each step
+    reads (`active` or `rows_at`, see the recurrence). Returns the outputs (fp32, zero where a row does not read)
+    and the final `(cell, hidden)`.
+    """
+    first = layers[0]
+    dtype = matmul_dtype(inputs)
+    stacked = lambda name: torch.stack([getattr(layer, name).weight for layer in layers]).to(dtype)  # noqa: E731
+    bias = fold_forget_bias(torch.stack([layer.input_proj.bias for layer in layers]).float())
+    input_gates = torch.einsum("tdrp,dgp->tdrg", inputs.to(dtype), stacked("input_proj")) + bias[None, :, None]
+    recurrent = stacked("recurrent_proj").transpose(1, 2)
+    if isinstance(first.output_proj, torch.nn.Linear):
+        projection = stacked("output_proj").transpose(1, 2)
+    else:  # no projection: an identity matrix keeps one code path (such models are small)
+        lstm_dim = first.recurrent_proj.out_features // 4
+        projection = torch.eye(lstm_dim, device=inputs.device, dtype=dtype).expand(len(layers), -1, -1)
+    return ClippedLstmRecurrence.apply(input_gates, active, cell.float(), hidden.to(dtype), recurrent, projection,
+                                       first.cell_clip, first.proj_clip, rows_at)
+
+
+def batched_bilstm(module, tokens, mask, state, output_layers, words_only, dropout_masks=None, rows_at=None):
+    """
+    `ElmoBiLstm.forward`'s function with `recurrence_layer`: both directions of a layer advance together. By
+    default every row computes every step (`active` from `mask`); `rows_at` (rows sorted longest first) computes
+    only the rows still reading.
+    """
+    lengths = mask.sum(dim=1)
+    # (time, directions, rows, width): the backward stack reads each sentence reversed within its length.
+    layer_input = torch.stack([tokens, reverse_within_lengths(tokens, lengths)]).permute(2, 0, 1, 3)
+    active = mask.t()[:, None, :, None] if rows_at is None else None
+    pairs = list(zip(module.forward_layers, module.backward_layers))
+
+    def run_layer(index, layer_input):
+        initial = (state[0][index], state[1][index])
+        first = pairs[index][0]
+        if first.gradient_checkpointing and module.training:
+            return first._gradient_checkpointing_func(recurrence_layer, pairs[index], layer_input, *initial, active,
+                                                      rows_at)
+        return recurrence_layer(pairs[index], layer_input, *initial, active, rows_at)
+
+    # Dropout masks `(layers, directions, rows, time, width)` laid out as the inputs: `(time, directions, rows, ·)`.
+    masks = None if dropout_masks is None else dropout_masks.permute(0, 3, 1, 2, 4)
+    outputs, cells, hiddens = stack_layers(run_layer, layer_input, len(pairs), module.use_skip_connections, masks,
+                                           keep=lambda index: index in output_layers)
+    layer_outputs = []
+    for index in output_layers:
+        forward, backward = outputs[index].to(tokens.dtype).permute(1, 2, 0, 3).unbind(0)  # (rows, time, width) each
+        layer_outputs.append(bidirectional_output(forward, backward, lengths, words_only))
+    return layer_outputs, (cells.to(state[0].dtype), hiddens.to(state[1].dtype))
