@@ -27,6 +27,7 @@ import shutil
 import signal
 import tempfile
 
+from .atomic_file import create_partial, discard_partial, finish_partial
 
 logger = logging.getLogger(__name__)
 
@@ -373,12 +374,6 @@ def _is_our_hdf5(path: str) -> bool:
         return False
 
 
-def partial_path(output_path: str) -> str:
-    """The hidden `.NAME.<pid>.partial` file beside `output_path` that `atomic_output_file` writes first."""
-    folder, name = os.path.split(output_path)
-    return os.path.join(folder, f".{name}.{os.getpid()}.partial")
-
-
 def remove_stale_partials(output_path: str) -> None:
     """Partial files of earlier runs to the same output whose process is gone (killed before it could clean up)."""
     folder, name = os.path.split(output_path)
@@ -399,27 +394,18 @@ def atomic_output_file(output_path, replace: bool = True):
     and this one raises `FileExistsError`.
     """
     output_path = os.path.abspath(os.fspath(output_path))
-    partial = partial_path(output_path)
     try:
         os.makedirs(os.path.dirname(output_path), exist_ok=True)
         remove_stale_partials(output_path)
-        # Created here first, with the permissions a plain open() gives: the writer may then open it in any way.
-        with open(partial, "wb"):
-            pass
+        partial = create_partial(output_path)
     except OSError as error:
         raise OutputError(f"cannot write {output_path}: {error.strerror or error}.") from None
     try:
         with no_room_reported(output_path):
             yield partial
-            with open(partial, "rb") as f:
-                os.fsync(f.fileno())
-            if replace:
-                os.replace(partial, output_path)
-            else:
-                _link_without_replacing(partial, output_path)
+            finish_partial(partial, output_path, os.replace if replace else _link_without_replacing)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(partial)
+        discard_partial(partial)
         raise
 
 

@@ -16,7 +16,7 @@ import collections
 import os
 
 from .configuration_elmo import BEGIN_SENTENCE_WORD, END_SENTENCE_WORD
-from .safe_output import write_text_atomic
+from .atomic_file import atomic_write
 
 
 VOCAB_FILE_NAME = "vocab.txt"
@@ -65,5 +65,6 @@ def write_vocab(words: list[str], path, validate: bool = True) -> str:
     bad = [w for w in words if not w or any(c.isspace() for c in w)] if validate else []
     if bad:
         raise ValueError(f"vocabulary words must be non-empty and hold no whitespace, got {bad[:5]!r}.")
-    write_text_atomic(path, "".join(word + "\n" for word in words))
+    with atomic_write(path) as partial, open(partial, "w", encoding="utf-8") as handle:
+        handle.write("".join(word + "\n" for word in words))
     return os.fspath(path)

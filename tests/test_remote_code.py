@@ -23,7 +23,8 @@ from remote_code import run_without_hf_elmo
 SENTENCES = ["The bank raised its rates on Monday .", "We sat on the river bank , didn't we ?"]
 CODE_FILES = {
     "configuration_elmo.py", "modeling_elmo.py", "tokenization_elmo.py", "elmo_cpu.py", "elmo_cuda.py", "log_uniform_sampler.py",
-    "weight_checks.py", "vocabulary.py", "safe_output.py", "elmo_hub.py", "elmo_presets.py",
+    "weight_checks.py", "vocabulary.py", "atomic_file.py", "elmo_hub.py", "elmo_presets.py", "elmo_implementations.py",
+    "elmo_ops.py", "cpu_tuning.py", "token_cache.py",
 }
 # (Auto class, model class) for every model class an ELMo folder can be loaded as.
 AUTO_MODELS = [
