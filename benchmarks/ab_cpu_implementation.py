@@ -1,15 +1,16 @@
 #!/usr/bin/env python
-"""Compare the "cpu" implementation (hf_elmo/elmo_cpu.py) of this checkout with an earlier one, in ONE process.
+"""Compare this checkout's ELMo on the CPU with an earlier revision's, in ONE process.
 
 Why in one process: on a shared or virtual machine a process's speed moves by 10-30% from one run to the next with
-the same code (benchmarks/README.md), more than most changes to elmo_cpu.py are worth. Here both versions run on
-the same model, the same batches and the same warm process, alternating round by round (A B, B A, ...), so the
+the same code (benchmarks/README.md), more than most changes to the CPU path are worth. Here both versions run on
+the same weights, the same batches and the same warm process, alternating round by round (A B, B A, ...), so the
 machine's drift falls on both alike, and the ratio of each round says what the change did.
 
-How: the baseline's elmo_cpu.py (`git show REV:hf_elmo/elmo_cpu.py`, or --baseline-file) is loaded as a module of
-this checkout's hf_elmo package (so its relative imports read this checkout's other modules: a baseline that needs
-names they no longer have fails at load, with the import error), and the model's "cpu" implementation is switched
-between the two for each timed pass. Only elmo_cpu.py is compared; the rest of the model is this checkout's.
+How: the baseline's whole `hf_elmo` package (`git archive REV hf_elmo`, or --baseline-dir) is imported under
+another package name, without its `__init__` (so nothing is registered twice with Transformers), and its
+`ElmoModel` loads the same converted folder as this checkout's. Both run with the "cpu" implementation. The whole
+model is compared, so a change anywhere below it (the implementations, the shared LSTM maths, the CPU tuning)
+counts.
 
 What it prints, ONE JSON line: words per second per side and round (words / the sum over batches of each batch's
 fastest of --repeats passes), the ratio current/baseline per round and its median, the largest difference between
@@ -17,16 +18,19 @@ the two sides' outputs over every layer of every batch, the workload and the mac
 
 Examples:
   python benchmarks/ab_cpu_implementation.py --baseline HEAD~1 --config small --rounds 10
-  python benchmarks/ab_cpu_implementation.py --baseline-file /tmp/elmo_cpu_old.py --config original --rounds 4
+  python benchmarks/ab_cpu_implementation.py --baseline-dir /tmp/old/hf_elmo --config original --rounds 4
 """
 
 import argparse
-import dataclasses
+import importlib
+import io
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import types
 
@@ -45,46 +49,47 @@ import workload  # noqa: E402
 from bench_inference import converted_folder  # noqa: E402
 
 from hf_elmo import ElmoModel, ElmoTokenizer  # noqa: E402
-from hf_elmo import modeling_elmo  # noqa: E402
 
 
-BASELINE_MODULE = "hf_elmo._elmo_cpu_baseline"
+BASELINE_PACKAGE = "_hf_elmo_baseline"
 
 
-def baseline_source(revision: str | None, path: str | None) -> tuple[str, str]:
-    """The baseline elmo_cpu.py's text and a description of where it came from."""
+def baseline_package(revision: str | None, path: str | None, scratch: str) -> tuple[str, str]:
+    """The folder of the baseline's `hf_elmo` package and a description of where it came from."""
     if path is not None:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read(), os.path.abspath(path)
+        if not os.path.isfile(os.path.join(path, "modeling_elmo.py")):
+            sys.exit(f"ab_cpu_implementation: {path} is not an hf_elmo package folder (no modeling_elmo.py in it)")
+        return path, os.path.abspath(path)
     try:
-        done = subprocess.run(["git", "-C", REPO, "show", f"{revision}:hf_elmo/elmo_cpu.py"], capture_output=True,
-                              text=True)
+        archive = subprocess.run(["git", "-C", REPO, "archive", "--format=tar", revision, "hf_elmo"],
+                                 capture_output=True)
     except FileNotFoundError:
-        sys.exit("ab_cpu_implementation: --baseline needs git; give the file with --baseline-file instead")
-    if done.returncode != 0:
-        sys.exit(f"ab_cpu_implementation: cannot read hf_elmo/elmo_cpu.py at {revision!r}: {done.stderr.strip()}")
+        sys.exit("ab_cpu_implementation: --baseline needs git; give the package folder with --baseline-dir instead")
+    if archive.returncode != 0:
+        error = archive.stderr.decode(errors="replace").strip()
+        sys.exit(f"ab_cpu_implementation: cannot read hf_elmo at {revision!r}: {error}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(scratch, filter="data")
     sha = subprocess.run(["git", "-C", REPO, "rev-parse", revision], capture_output=True, text=True).stdout.strip()
-    return done.stdout, f"{revision} ({sha})"
+    return os.path.join(scratch, "hf_elmo"), f"{revision} ({sha})"
 
 
-def load_baseline(source: str, origin: str) -> modeling_elmo.ElmoImplementation:
-    """The baseline's token_vectors and bilstm as an implementation of this checkout's model."""
-    module = types.ModuleType(BASELINE_MODULE)
-    module.__package__ = "hf_elmo"  # its relative imports read this checkout's modules
-    sys.modules[BASELINE_MODULE] = module
-    exec(compile(source, f"elmo_cpu.py at {origin}", "exec"), module.__dict__)
-    current = modeling_elmo.ELMO_IMPLEMENTATIONS["cpu"]
-    return dataclasses.replace(current, token_vectors=module.token_vectors, bilstm=module.bilstm)
+def load_baseline(folder: str):
+    """The baseline's `modeling_elmo` module, imported from `folder` as a package of its own."""
+    package = types.ModuleType(BASELINE_PACKAGE)
+    package.__path__ = [os.path.abspath(folder)]  # a package, but its __init__ is not run
+    sys.modules[BASELINE_PACKAGE] = package
+    return importlib.import_module(f"{BASELINE_PACKAGE}.modeling_elmo")
 
 
 def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(
-        description="Time this checkout's hf_elmo/elmo_cpu.py against an earlier one, alternating in one process; "
-                    "prints one JSON line.",
+        description="Time this checkout's ELMo on the CPU against an earlier revision's, alternating in one "
+                    "process; prints one JSON line.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog="Examples:" + __doc__.split("Examples:")[1])
     baseline = parser.add_mutually_exclusive_group(required=True)
     baseline.add_argument("--baseline", metavar="REV", help="a git revision of this repository (e.g. HEAD~1, main)")
-    baseline.add_argument("--baseline-file", metavar="PATH", help="an elmo_cpu.py file instead of a revision")
+    baseline.add_argument("--baseline-dir", metavar="PATH", help="an hf_elmo package folder instead of a revision")
     parser.add_argument("--config", choices=sorted(random_bilm.CONFIGS), default="small",
                         help="random weights of this published shape (default small)")
     parser.add_argument("--cache-dir", default=random_bilm.default_dir(),
@@ -101,45 +106,45 @@ def main(argv: list[str] | None = None):
         parser.error("--rounds and --repeats must be at least 1")
 
     torch.set_num_threads(args.threads)
-    source, origin = baseline_source(args.baseline, args.baseline_file)
-    sides = {"baseline": load_baseline(source, origin), "current": modeling_elmo.ELMO_IMPLEMENTATIONS["cpu"]}
+    # The baseline's files stay until the end: its modules may import others lazily.
+    with tempfile.TemporaryDirectory(prefix="ab-baseline-") as scratch:
+        compare(args, *baseline_package(args.baseline, args.baseline_dir, scratch))
 
+
+def compare(args, folder: str, origin: str):
+    baseline_modeling = load_baseline(folder)
     options_path, weights_path = random_bilm.ensure(args.config, args.cache_dir)
-    model = ElmoModel.from_pretrained(converted_folder(options_path, weights_path, args.cache_dir)).eval()
-    model.set_elmo_implementation("cpu")
+    converted = converted_folder(options_path, weights_path, args.cache_dir)
+    sides = {"baseline": baseline_modeling.ElmoModel.from_pretrained(converted).eval(),
+             "current": ElmoModel.from_pretrained(converted).eval()}
+    for model in sides.values():
+        model.set_elmo_implementation("cpu")
+    config = sides["current"].config
     sentences, source_name = workload.text_sentences(args.text, args.n_sentences)
-    tokenizer = ElmoTokenizer(max_characters_per_token=model.config.max_characters_per_token)
+    tokenizer = ElmoTokenizer(max_characters_per_token=config.max_characters_per_token)
     inputs = [tokenizer(group, is_split_into_words=True, padding=True, return_tensors="pt")
               for group in workload.batches(sentences, args.batch_size)]
     n_words = sum(len(sentence) for sentence in sentences)
 
-    def use(side: str):
-        modeling_elmo.ELMO_IMPLEMENTATIONS["cpu"] = sides[side]
-
     words_per_s = {side: [] for side in sides}
-    try:
-        with torch.no_grad():
-            outputs = {}
-            for side in sides:  # also the warm-up: each side's first products are measured here
-                use(side)
-                outputs[side] = [model(**batch, output_hidden_states=True).hidden_states for batch in inputs]
-            max_diff = max((a - b).abs().max().item() for x, y in zip(outputs["baseline"], outputs["current"])
-                           for a, b in zip(x, y))
-            for round_index in range(args.rounds):
-                order = list(sides) if round_index % 2 == 0 else list(reversed(sides))
-                for side in order:
-                    use(side)
-                    seconds = 0.0
-                    for batch in inputs:
-                        fastest = float("inf")
-                        for _ in range(args.repeats):
-                            start = time.perf_counter()
-                            model(**batch)
-                            fastest = min(fastest, time.perf_counter() - start)
-                        seconds += fastest
-                    words_per_s[side].append(round(n_words / seconds, 1))
-    finally:
-        use("current")
+    with torch.no_grad():
+        # Also the warm-up: each side's first products are measured here.
+        outputs = {side: [model(**batch, output_hidden_states=True).hidden_states for batch in inputs]
+                   for side, model in sides.items()}
+        max_diff = max((a - b).abs().max().item() for x, y in zip(outputs["baseline"], outputs["current"])
+                       for a, b in zip(x, y))
+        for round_index in range(args.rounds):
+            order = list(sides) if round_index % 2 == 0 else list(reversed(sides))
+            for side in order:
+                seconds = 0.0
+                for batch in inputs:
+                    fastest = float("inf")
+                    for _ in range(args.repeats):
+                        start = time.perf_counter()
+                        sides[side](**batch)
+                        fastest = min(fastest, time.perf_counter() - start)
+                    seconds += fastest
+                words_per_s[side].append(round(n_words / seconds, 1))
 
     ratios = [round(c / b, 3) for c, b in zip(words_per_s["current"], words_per_s["baseline"])]
     with open(options_path, encoding="utf-8") as handle:

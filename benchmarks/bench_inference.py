@@ -105,15 +105,15 @@ def select_implementation(model: ElmoModel, name: str) -> str:
 
 def watch_parts(model: ElmoModel, parts: bench_utils.PartTimer):
     """
-    Count the time of the char CNN and the biLSTM. With the implementation switch the model calls the chosen
-    implementation's functions (ELMO_IMPLEMENTATIONS), not always the modules' forward, so those are wrapped;
-    older models run the modules, which get forward hooks.
+    Count the time of the char CNN and the biLSTM with forward hooks on the two modules, which compute with the
+    chosen implementation inside their own forward. Revisions where `ElmoModel` called the implementation's
+    functions itself (the table `ELMO_IMPLEMENTATIONS` in `modeling_elmo`, modules without a `config`) get those
+    functions wrapped instead.
     """
     import dataclasses
 
-    module = sys.modules[type(model).__module__]
-    table = getattr(module, "ELMO_IMPLEMENTATIONS", None)
-    if table is None:
+    table = getattr(sys.modules[type(model).__module__], "ELMO_IMPLEMENTATIONS", None)
+    if table is None or hasattr(model.char_encoder, "config"):
         parts.watch("char_cnn", model.char_encoder)
         parts.watch("lstm", model.bilstm)
         return

@@ -26,7 +26,6 @@ one `</S>` per sentence.
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -40,7 +39,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from hf_elmo.configuration_elmo import ElmoConfig  # noqa: E402
-from hf_elmo.modeling_elmo import ELMO_IMPLEMENTATIONS, ElmoForPreTraining, elmo_implementation_for  # noqa: E402
+from hf_elmo.elmo_implementations import implementation_name  # noqa: E402
+from hf_elmo.modeling_elmo import ElmoForPreTraining  # noqa: E402
 from hf_elmo.pretraining_data import (  # noqa: E402
     BatchEncoder,
     PretrainingBatches,
@@ -112,30 +112,18 @@ def encode_rates(tokenizer, encoder: BatchEncoder, settings: dict, batches: int 
 
 class Sections:
     """
-    Wall-clock time of the char CNN, biLSTM and softmax, forward and backward: the implementation that the model
-    uses on `device` is wrapped (in this process only) so that its two functions mark when they start and end.
+    Wall-clock time of the char CNN, biLSTM and softmax, forward and backward: forward hooks on the char encoder
+    and the biLSTM (which compute with the chosen implementation inside their own forward) mark when each starts
+    and ends, and gradient hooks mark the backward.
     """
 
     def __init__(self, model, sync, device):
         self.sync, self.marks = sync, {}
-        chosen = elmo_implementation_for(model.config, torch.device(device))
-        self.implementation = next(name for name, known in ELMO_IMPLEMENTATIONS.items() if known is chosen)
-
-        def token_vectors(encoder, char_ids):
-            self.mark("cnn_start")
-            output = chosen.token_vectors(encoder, char_ids)
-            self._after_char_encoder(None, None, output)
-            return output
-
-        def bilstm(module, tokens, *args):
-            self._before_bilstm(None, (tokens,))
-            output = chosen.bilstm(module, tokens, *args)
-            self._after_bilstm(None, None, output)
-            return output
-
-        ELMO_IMPLEMENTATIONS[self.implementation] = dataclasses.replace(
-            chosen, token_vectors=token_vectors, bilstm=bilstm
-        )
+        self.implementation = implementation_name(model.config.elmo_implementation, torch.device(device))
+        model.elmo.char_encoder.register_forward_pre_hook(lambda module, args: self.mark("cnn_start"))
+        model.elmo.char_encoder.register_forward_hook(self._after_char_encoder)
+        model.elmo.bilstm.register_forward_pre_hook(self._before_bilstm)
+        model.elmo.bilstm.register_forward_hook(self._after_bilstm)
 
     def mark(self, name):
         self.sync()

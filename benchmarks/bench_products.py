@@ -33,7 +33,7 @@ import torch
 
 import bench_utils
 import random_bilm
-from hf_elmo.elmo_cpu import row_blocks
+from hf_elmo.cpu_tuning import row_blocks
 
 
 def parse_args(argv=None):

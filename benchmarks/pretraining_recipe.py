@@ -82,7 +82,7 @@ def start_side(name: str, source: str, args, data: dict, work_dir: str) -> tuple
     output = os.path.join(work_dir, name)
     log = os.path.join(work_dir, f"{name}.log")
     command = [
-        sys.executable, "-m", "hf_elmo.pretraining", "--train-files", data["train"], "--eval-file", data["heldout"],
+        sys.executable, "-m", "hf_elmo.cli", "pretrain", "--train-files", data["train"], "--eval-file", data["heldout"],
         "--vocab", data["vocab"], "--config", data["config"], "--output-dir", output,
         "--batch-size", str(args.batch_size), "--max-steps", str(args.max_steps), "--eval-steps", str(args.eval_steps),
         "--eval-max-sentences", str(args.eval_max_sentences), "--num-workers", "0", "--seed", str(args.seed),

@@ -6,6 +6,7 @@ the "tiny" shape written by benchmarks/random_bilm.py into a temporary folder.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -121,19 +122,18 @@ def test_ab_cpu_implementation_alternates_two_versions_in_one_process(tmp_path, 
 
     text = tmp_path / "sentences.txt"
     text.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
-    # The baseline: this checkout's elmo_cpu.py with the char CNN's distinct words found by torch.unique.
-    source = (REPO / "hf_elmo" / "elmo_cpu.py").read_text(encoding="utf-8")
+    # The baseline: this checkout's package with the char CNN's distinct words found by torch.unique.
+    baseline = tmp_path / "hf_elmo"
+    shutil.copytree(REPO / "hf_elmo", baseline, ignore=shutil.ignore_patterns("__pycache__"))
+    source = (baseline / "elmo_cpu.py").read_text(encoding="utf-8")
     assert source.count("distinct, inverse = distinct_rows(char_ids)") == 1
-    baseline = tmp_path / "elmo_cpu_baseline.py"
-    baseline.write_text(source.replace("distinct, inverse = distinct_rows(char_ids)",
-                                       "distinct, inverse = torch.unique(char_ids, dim=0, return_inverse=True)"))
-    from hf_elmo import modeling_elmo
-
-    current = modeling_elmo.ELMO_IMPLEMENTATIONS["cpu"]
-    ab_cpu_implementation.main(["--baseline-file", str(baseline), "--config", "tiny", "--text", str(text),
+    (baseline / "elmo_cpu.py").write_text(source.replace(
+        "distinct, inverse = distinct_rows(char_ids)", "distinct, inverse = torch.unique(char_ids, dim=0, return_inverse=True)"))
+    ab_cpu_implementation.main(["--baseline-dir", str(baseline), "--config", "tiny", "--text", str(text),
                                 "--batch-size", "2", "--rounds", "3", "--repeats", "1", "--threads", "1",
                                 "--cache-dir", str(tmp_path / "cache")])
-    assert modeling_elmo.ELMO_IMPLEMENTATIONS["cpu"] is current  # switched back
+    # The baseline really is the other package.
+    assert sys.modules["_hf_elmo_baseline.elmo_cpu"].__file__ == str(baseline / "elmo_cpu.py")
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
     result = json.loads(lines[0])
@@ -152,7 +152,7 @@ def test_ab_cpu_implementation_names_a_revision_it_cannot_read(tmp_path):
     command = [sys.executable, str(BENCHMARKS / "ab_cpu_implementation.py"), "--baseline", "no-such-revision"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and done.stdout == ""
-    assert "cannot read hf_elmo/elmo_cpu.py at 'no-such-revision'" in done.stderr or "needs git" in done.stderr
+    assert "cannot read hf_elmo at 'no-such-revision'" in done.stderr or "needs git" in done.stderr
 
 
 def test_pretraining_recipe_compares_two_revisions_on_the_same_data(tmp_path):
