@@ -247,7 +247,7 @@ def _run_pretrain(argv: list[str]) -> int:
 
 
 def pretrain_main(argv: list[str] | None = None) -> int:
-    """`hf-elmo-pretrain ARGS` and `python -m hf_elmo.pretraining ARGS`: older names of `hf-elmo pretrain ARGS`."""
+    """`hf-elmo-pretrain ARGS` and `examples/pretrain_elmo.py ARGS`: older names of `hf-elmo pretrain ARGS`."""
     return main(["pretrain", *(sys.argv[1:] if argv is None else argv)])
 
 

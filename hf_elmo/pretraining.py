@@ -769,7 +769,6 @@ def _check_replicas_agree(accelerator, model, gather_object) -> None:
     logger.info("Weights identical on all %d process(es) (sha256 %s)", len(digests), digests[0][:16])
 
 
-if __name__ == "__main__":  # `python -m hf_elmo.pretraining ARGS`: an older name of `hf-elmo pretrain ARGS`
-    from hf_elmo.cli import pretrain_main
-
-    sys.exit(pretrain_main())
+if __name__ == "__main__":  # `python -m hf_elmo.pretraining`, an older way in: say where it went
+    sys.exit("python -m hf_elmo.pretraining is gone: run `hf-elmo pretrain ARGS` (or `python -m hf_elmo.cli pretrain "
+             "ARGS`, e.g. under accelerate launch).")

@@ -5,7 +5,7 @@
 
     accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 -m hf_elmo.cli pretrain ...same options...
 
-(`hf-elmo-pretrain` and `python -m hf_elmo.pretraining` are older names of the same program.)
+(`hf-elmo-pretrain` and `examples/pretrain_elmo.py` are older names of the same program.)
 
 The corpus is plain text, one sentence per line, in any number of shards (globs). It is streamed, so it may be
 larger than memory. Batches are whole sentences, each read from a zero LSTM state (see hf_elmo.pretraining_data for

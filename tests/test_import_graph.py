@@ -1,0 +1,106 @@
+"""The package's import graph: no circles, and the low-level modules never import the model.
+
+Every import of an `hf_elmo` module counts, at module level or inside a function (a lazy import is still an
+arrow a reader must follow), read from the source with `ast`, so nothing is imported to find them.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hf_elmo"
+# What the model is built from. None of these may import the model, or anything that does.
+LOW_LEVEL = {"elmo_implementations", "elmo_ops", "elmo_cpu", "elmo_cuda", "cpu_tuning", "token_cache"}
+MODEL = "modeling_elmo"
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The `hf_elmo` modules that `path` imports, by name within the package."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1 and node.module:  # from .x import y
+                found.add(node.module.split(".")[0])
+            elif node.level == 1:  # from . import x
+                found.update(alias.name for alias in node.names)
+            elif node.level == 0 and (node.module or "").startswith("hf_elmo."):
+                found.add(node.module.split(".")[1])
+            elif node.level == 0 and node.module == "hf_elmo":
+                found.update(alias.name for alias in node.names if (PACKAGE / f"{alias.name}.py").exists())
+        elif isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[1] for alias in node.names if alias.name.startswith("hf_elmo."))
+    return {name for name in found if (PACKAGE / f"{name}.py").exists()}
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {path.stem: imported_modules(path) - {path.stem} for path in sorted(PACKAGE.glob("*.py"))}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, stack = set(), [start]
+    while stack:
+        for name in graph[stack.pop()]:
+            if name not in seen:
+                seen.add(name)
+                stack.append(name)
+    return seen
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports (as the modules along it, first repeated at the end), or None."""
+    state, path = {}, []
+
+    def visit(name):
+        state[name] = "open"
+        path.append(name)
+        for imported in sorted(graph[name]):
+            if state.get(imported) == "open":
+                return path[path.index(imported):] + [imported]
+            if imported not in state:
+                circle = visit(imported)
+                if circle:
+                    return circle
+        state[name] = "done"
+        path.pop()
+        return None
+
+    for name in sorted(graph):
+        if name not in state:
+            circle = visit(name)
+            if circle:
+                return circle
+    return None
+
+
+def test_the_graph_is_read_from_real_imports():
+    graph = import_graph()
+    # Arrows this test must see, of each kind: module-level relative, and the model's use of the low level.
+    assert {"elmo_ops", "elmo_implementations", "elmo_cpu", "elmo_cuda", "token_cache"} <= graph[MODEL]
+    assert "configuration_elmo" in graph["tokenization_elmo"]
+    assert LOW_LEVEL <= set(graph)
+
+
+def test_the_finder_reports_a_circle():
+    assert find_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_circle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_package_has_no_import_circle():
+    circle = find_circle(import_graph())
+    assert circle is None, "import circle: " + " -> ".join(circle)
+
+
+@pytest.mark.parametrize("module", sorted(LOW_LEVEL))
+def test_low_level_modules_never_import_the_model(module):
+    graph = import_graph()
+    assert MODEL not in reachable(graph, module), f"{module} imports {MODEL} (directly or through another module)"
+
+
+def test_the_implementations_import_only_the_shared_maths_not_each_other():
+    graph = import_graph()
+    assert "elmo_cuda" not in reachable(graph, "elmo_cpu")
+    assert "elmo_cpu" not in reachable(graph, "elmo_cuda")
+    assert graph["elmo_ops"] == set()  # the shared maths depends on nothing of the package
+    assert graph["elmo_implementations"] == set()  # nor does the registry
