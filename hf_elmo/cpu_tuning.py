@@ -8,7 +8,8 @@ finished rows or not (`step_columns`). The choices live here, in two caches, and
 
 Two processes may therefore choose differently, and a product's last bit may differ with its column count. Where
 that matters (a bit-exact comparison across processes or machines), set `HF_ELMO_CPU_TUNING=fixed` in the
-environment (read on every call): every product is then plain and every step computes exactly its rows, with no
+environment before the first forward (it is read when each choice is first made; reading it on every product
+cost 2% of "small"'s speed): every product is then plain and every step computes exactly its rows, with no
 timing at all. Results are the same function either way; the tests hold both to the reference.
 """
 
@@ -52,7 +53,7 @@ def few_column_matmul(
     BLAS, the processor and the thread count, so it is measured on this process's first product of each shape
     (`measured_product`), not assumed. GPUs, and `HF_ELMO_CPU_TUNING=fixed`, always get the plain product.
     """
-    blocks = 1 if weight.device.type != "cpu" or tuning_is_fixed() else measured_product(weight, columns.shape[1])[0]
+    blocks = 1 if weight.device.type != "cpu" else measured_product(weight, columns.shape[1])[0]
     if blocks == 1:
         if add is None:
             return torch.mm(weight, columns, out=out)
@@ -81,26 +82,30 @@ def measured_product(weight: torch.Tensor, columns: int) -> tuple[int, float]:
     How `few_column_matmul` multiplies `weight` (on a CPU) by `columns` columns, and how long that takes here: the
     row blocks it hands BLAS, 1 (plain) or `MAX_ROW_BLOCKS`-bounded blocks, whichever ran faster in a short
     measurement (the best of three products each, interleaved), with that time. Measured once per shape, column
-    count and thread count.
+    count and thread count; with `HF_ELMO_CPU_TUNING=fixed`, never: plain, (1, 0.0).
     """
     key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
     if key not in _PRODUCTS:
-        with torch.no_grad():
-            w, x = weight.detach(), weight.new_ones(weight.shape[1], columns)
-            blocks = row_blocks(w)
-            candidates = {1: lambda: torch.mm(w, x)}
-            # A matrix-vector product is never worth blocking.
-            if columns > 1 and w.shape[0] % blocks == 0:
-                candidates[blocks] = lambda: torch.bmm(w.view(blocks, -1, w.shape[1]), x.expand(blocks, *x.shape))
-            best = dict.fromkeys(candidates, float("inf"))
-            for _ in range(3):
-                for choice, product in candidates.items():
-                    start = time.perf_counter()
-                    product()
-                    best[choice] = min(best[choice], time.perf_counter() - start)
-        fastest = min(best, key=best.get)
-        _PRODUCTS[key] = (fastest, best[fastest])
+        _PRODUCTS[key] = (1, 0.0) if tuning_is_fixed() else _time_products(weight, columns)
     return _PRODUCTS[key]
+
+
+def _time_products(weight: torch.Tensor, columns: int) -> tuple[int, float]:
+    with torch.no_grad():
+        w, x = weight.detach(), weight.new_ones(weight.shape[1], columns)
+        blocks = row_blocks(w)
+        candidates = {1: lambda: torch.mm(w, x)}
+        # A matrix-vector product is never worth blocking.
+        if columns > 1 and w.shape[0] % blocks == 0:
+            candidates[blocks] = lambda: torch.bmm(w.view(blocks, -1, w.shape[1]), x.expand(blocks, *x.shape))
+        best = dict.fromkeys(candidates, float("inf"))
+        for _ in range(3):
+            for choice, product in candidates.items():
+                start = time.perf_counter()
+                product()
+                best[choice] = min(best[choice], time.perf_counter() - start)
+    fastest = min(best, key=best.get)
+    return fastest, best[fastest]
 
 
 # (weight shapes, dtype, rows, available, threads) -> columns, as chosen in this process.
@@ -116,11 +121,11 @@ def step_columns(weights: list[torch.Tensor], rows: int, available: int) -> int:
     one (benchmarks/README.md); the extra columns are rows that have finished, whose results are never read.
     Products quicker than `MIN_STEP_SECONDS` are never padded, nor any with `HF_ELMO_CPU_TUNING=fixed`.
     """
-    if weights[0].device.type != "cpu" or rows == available or tuning_is_fixed():
+    if weights[0].device.type != "cpu" or rows == available:
         return rows
     key = (*(tuple(weight.shape) for weight in weights), weights[0].dtype, rows, available, torch.get_num_threads())
     if key not in _STEP_COLUMNS:
-        _STEP_COLUMNS[key] = _fastest_step_columns(weights, rows, available)
+        _STEP_COLUMNS[key] = rows if tuning_is_fixed() else _fastest_step_columns(weights, rows, available)
     return _STEP_COLUMNS[key]
 
 

@@ -762,9 +762,11 @@ def test_fixed_cpu_tuning_measures_nothing_and_gives_the_same_function(model, mo
             raise AssertionError("a product was timed")
 
         monkeypatch.setenv(cpu_tuning.TUNING_VARIABLE, "fixed")
-        monkeypatch.setattr(cpu_tuning, "measured_product", no_timing)
+        monkeypatch.setattr(cpu_tuning, "_time_products", no_timing)
+        monkeypatch.setattr(cpu_tuning, "_PRODUCTS", {})
         monkeypatch.setattr(cpu_tuning, "_STEP_COLUMNS", {})
-        assert cpu_tuning.step_columns([torch.empty(64, 8)], 3, 6) == 3
         fixed = run(model, ids, "cpu")
     assert max_diff(fixed.hidden_states, measured.hidden_states) <= 1e-5
-    assert cpu_tuning._STEP_COLUMNS == {}
+    # Every choice was made, and each is the plain one: no row blocks, exactly the rows still reading.
+    assert cpu_tuning._PRODUCTS and set(cpu_tuning._PRODUCTS.values()) == {(1, 0.0)}
+    assert cpu_tuning._STEP_COLUMNS and all(columns == key[-3] for key, columns in cpu_tuning._STEP_COLUMNS.items())
