@@ -460,3 +460,13 @@ def test_one_error_convention_usage_errors_and_debug(converted_dir, tmp_path, ca
     monkeypatch.setenv("HF_ELMO_DEBUG", "1")
     with pytest.raises(EmbedInputError, match="input file not found"):
         main(["embed", str(tmp_path / "missing.txt"), str(tmp_path / "o.h5"), "--model", str(converted_dir)])
+
+
+def test_the_retired_pretraining_module_entry_point_names_the_command():
+    done = subprocess.run([sys.executable, "-m", "hf_elmo.pretraining", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "python -m hf_elmo.pretraining is gone: run `hf-elmo pretrain ARGS` (or `python -m hf_elmo.cli pretrain "
+        "ARGS`, e.g. under accelerate launch)."
+    ]
