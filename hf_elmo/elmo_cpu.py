@@ -28,7 +28,6 @@ from .elmo_ops import (
     batched_bilstm,
     clip,
     fold_forget_bias,
-    highway_mix,
     is_word_position,
     lstm_cell,
     stack_layers,
@@ -123,20 +122,9 @@ def _distinct_token_vectors(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     pooled = _pooled_convolutions(encoder, char_ids)
     pooled.add_(torch.cat([conv.bias for conv in encoder.convolutions]))
     if torch.is_grad_enabled():
-        hidden = encoder.activation(pooled)
-        for highway in encoder.highways:
-            hidden = highway(hidden)
-        return encoder.projection(hidden)
-    return torch.cat([_highways_in_place(encoder, part) for part in pooled.split(HIGHWAY_CHUNK_WORDS)])
-
-
-def _highways_in_place(encoder, pooled: torch.Tensor) -> torch.Tensor:
-    """The token layer after the convolutions, without autograd: two temporaries per highway instead of six."""
-    hidden = encoder.activation(pooled)
-    for highway in encoder.highways:
-        gate = torch.sigmoid_(highway.carry(hidden))
-        hidden = highway_mix(gate, torch.relu_(highway.transform(hidden)), hidden, in_place=True)
-    return encoder.projection(hidden)
+        return encoder.from_pooled(pooled)
+    # In chunks: bounds the highways' temporaries however many distinct words a batch has.
+    return torch.cat([encoder.from_pooled(part, in_place=True) for part in pooled.split(HIGHWAY_CHUNK_WORDS)])
 
 
 def _conv_kernel(encoder) -> torch.Tensor:

@@ -23,15 +23,16 @@ FORGET_GATE_BIAS = 1.0
 # ---------------------------------------------------------------------------------------------------------------
 # Char CNN
 # ---------------------------------------------------------------------------------------------------------------
-def highway_mix(gate: torch.Tensor, transformed: torch.Tensor, hidden: torch.Tensor, in_place: bool = False):
+def highway(carry: torch.Tensor, transform: torch.Tensor, hidden: torch.Tensor, in_place: bool = False):
     """
-    bilm-tf's highway combination `gate * transformed + (1 - gate) * hidden` (its "carry" gate scales the
-    transformed branch), computed as `hidden + gate * (transformed - hidden)`. `in_place` (no autograd) writes
-    the result into `transformed`.
+    bilm-tf's highway layer from its two linear maps of `hidden`: `gate * relu(transform) + (1 - gate) * hidden`
+    with `gate = sigmoid(carry)` (bilm-tf's "carry" gate scales the transformed branch), computed as `hidden +
+    gate * (relu(transform) - hidden)`. `in_place` (no autograd) overwrites `carry` and `transform`, whose result
+    it returns.
     """
     if in_place:
-        return transformed.sub_(hidden).mul_(gate).add_(hidden)
-    return hidden + gate * (transformed - hidden)
+        return transform.relu_().sub_(hidden).mul_(carry.sigmoid_()).add_(hidden)
+    return hidden + torch.sigmoid(carry) * (torch.relu(transform) - hidden)
 
 
 # ---------------------------------------------------------------------------------------------------------------

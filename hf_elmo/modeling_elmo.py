@@ -34,7 +34,7 @@ from .elmo_ops import (
     clip,
     clip_limit,
     fold_forget_bias,
-    highway_mix,
+    highway,
     lstm_cell,
     reverse_within_lengths,
     stack_layers,
@@ -87,9 +87,9 @@ class ElmoHighway(nn.Module):
         self.carry = ElmoLinear(size, size, "W_carry")
         self.transform = ElmoLinear(size, size, "W_transform")
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # bilm-tf calls this gate "carry", but it scales the transformed branch, not the input.
-        return highway_mix(torch.sigmoid(self.carry(hidden)), torch.relu(self.transform(hidden)), hidden)
+    def forward(self, hidden: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+        """`in_place` (no autograd): the two linear maps' outputs hold the result; two temporaries instead of six."""
+        return highway(self.carry(hidden), self.transform(hidden), hidden, in_place)
 
 
 def check_input(condition: torch.Tensor, message: str, details: Callable[[], str] | None = None):
@@ -112,10 +112,7 @@ def char_encoder_reference(encoder: "ElmoCharacterEncoder", char_ids: torch.Tens
     """
     chars = encoder.char_embeddings(char_ids).transpose(1, 2)  # (words, char_dim, chars)
     pooled = torch.cat([conv(chars).amax(dim=-1) for conv in encoder.convolutions], dim=-1)
-    hidden = encoder.activation(pooled)
-    for highway in encoder.highways:
-        hidden = highway(hidden)
-    return encoder.projection(hidden)
+    return encoder.from_pooled(pooled)
 
 
 class ElmoCharacterEncoder(nn.Module):
@@ -141,6 +138,16 @@ class ElmoCharacterEncoder(nn.Module):
         implementation = elmo_implementation_for(self.config, char_ids.device)
         token_vectors = implementation.token_vectors or char_encoder_reference
         return token_vectors(self, char_ids)
+
+    def from_pooled(self, pooled: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+        """
+        The token layer from the max-pooled convolutions (bias added) `(words, n_filters)`: activation, highways,
+        projection. `in_place` (no autograd) lets the highways work in their own outputs.
+        """
+        hidden = self.activation(pooled)
+        for layer in self.highways:
+            hidden = layer(hidden, in_place=in_place)
+        return self.projection(hidden)
 
     # An `ElmoTokenCache` once `enable_token_cache` was called (opt-in; used by the "cpu" implementation).
     token_cache = None
