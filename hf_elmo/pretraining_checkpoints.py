@@ -1,0 +1,242 @@
+"""The checkpoints of `hf-elmo pretrain`: what a run writes to resume exactly, and how it reads it back.
+
+A checkpoint folder holds only data (safetensors, weights-only tensors, JSON), every file written whole or not at
+all; one is never unpickled, since checkpoints travel between machines and people. The training loop
+(`hf_elmo.pretraining`) decides when to save; this module decides what a checkpoint is.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import random
+import re
+import shutil
+
+import numpy as np
+import torch
+
+from .safe_output import atomic_files_into, no_room_reported, remove_stale_file_staging, write_json_atomic
+
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+# The model as a Hugging Face folder (config.json, model.safetensors), the optimizer state as tensors and plain
+# values (read back with `torch.load(weights_only=True)`), and JSON files for the rest.
+OPTIMIZER_FILE = "optimizer.bin"
+TRAINING_STATE_FILE = "training_state.json"
+RNG_STATE_FILE = "rng_state_{rank}.json"
+CHECKPOINT_FORMAT = "hf_elmo.pretraining checkpoint"
+CHECKPOINT_VERSION = 1
+# Written by Transformers or the run itself, not a property of the model.
+CONFIG_KEYS_NOT_COMPARED = {"transformers_version", "_name_or_path", "architectures", "auto_map", "dtype", "torch_dtype"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed by this run, with the reason."""
+
+
+def latest_checkpoint(output_dir: str) -> str | None:
+    """The complete checkpoint with the highest step (a `.partial` folder is an interrupted save and never used)."""
+    if not os.path.isdir(output_dir):
+        return None
+    steps = [int(m.group(1)) for name in os.listdir(output_dir) if (m := CHECKPOINT_PATTERN.match(name))]
+    return os.path.join(output_dir, f"checkpoint-{max(steps)}") if steps else None
+
+
+def resume_hint(output_dir: str) -> str:
+    """What `--resume` would continue from, in words, for error messages that stop a run."""
+    checkpoint = latest_checkpoint(output_dir)
+    if checkpoint is None:
+        return "No checkpoint was written yet."
+    return f"{checkpoint} is intact: --resume continues from it."
+
+
+def prepare_output_dir(args, accelerator) -> str | None:
+    """Returns the checkpoint to resume from, if any; refuses to train over an earlier run unless resuming."""
+    checkpoint = latest_checkpoint(args.output_dir)
+    earlier = [name for name in ("training_args.json", "config.json") if os.path.exists(os.path.join(args.output_dir, name))]
+    if (checkpoint or earlier) and not args.resume:
+        raise FileExistsError(
+            f"{args.output_dir} already holds a run ({os.path.basename(checkpoint or earlier[0])}); pass --resume to "
+            "continue it, or choose another --output-dir."
+        )
+    if args.resume and checkpoint is None:
+        logger.warning("--resume: no checkpoint in %s yet, starting from step 0", args.output_dir)
+    if accelerator.is_main_process:
+        os.makedirs(args.output_dir, exist_ok=True)
+        remove_stale_file_staging(args.output_dir)  # left by a run killed while saving its final model
+    accelerator.wait_for_everyone()
+    return checkpoint
+
+
+def read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise CheckpointError(f"--resume: {path} is missing; the checkpoint is incomplete.") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"--resume: {path} is not valid JSON ({error}).") from None
+
+
+def word_list_digest(words: list[str]) -> str:
+    return hashlib.sha256("\n".join(words).encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def rng_state(device: torch.device) -> dict:
+    """
+    Every generator the training step may draw from, as JSON: the host's, and this process's GPU's when it trains
+    on one (only its own: touching every visible GPU would open a CUDA context on each, or fail on a CPU run).
+    """
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state().numpy().tobytes().hex(),
+    }
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device).numpy().tobytes().hex()
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    try:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+        torch.set_rng_state(torch.frombuffer(bytearray.fromhex(state["torch"]), dtype=torch.uint8))
+        on_cuda = device.type == "cuda"
+        if on_cuda and "cuda" in state:
+            torch.cuda.set_rng_state(torch.frombuffer(bytearray.fromhex(state["cuda"]), dtype=torch.uint8), device)
+        elif on_cuda or "cuda" in state:
+            # Moving a run between a CPU and a GPU machine is allowed; it cannot repeat the original exactly.
+            logger.warning("--resume: the checkpoint was written %s CUDA and this run has %s: the CUDA generator "
+                           "starts afresh, so the run will not repeat an uninterrupted one exactly.",
+                           "with" if "cuda" in state else "without", "it" if on_cuda else "none")
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"--resume: the checkpoint's random generator state is not usable ({error}).") from None
+
+
+def read_checkpoint(checkpoint: str, args, model, vocab_digest: str) -> dict:
+    """The checkpoint's training state, after checking that this run builds the same model; loads its weights."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from .configuration_elmo import ElmoConfig
+
+    state_file = os.path.join(checkpoint, TRAINING_STATE_FILE)
+    if not os.path.exists(state_file) and any(name.endswith(".pkl") for name in os.listdir(checkpoint)):
+        raise CheckpointError(
+            f"--resume: {checkpoint} was written by an earlier hf_elmo (Accelerate's pickle files, no "
+            f"{TRAINING_STATE_FILE}); it is not loaded, since unpickling a file runs code from it. Start afresh in "
+            "another --output-dir, or resume with the hf_elmo version that wrote it."
+        )
+    state = read_json(state_file)
+    if state.get("format") != CHECKPOINT_FORMAT or state.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(f"--resume: {state_file} is not a version {CHECKPOINT_VERSION} {CHECKPOINT_FORMAT}.")
+
+    def comparable(config) -> dict:
+        items = json.loads(config.to_json_string(use_diff=False))
+        return {k: v for k, v in items.items() if k not in CONFIG_KEYS_NOT_COMPARED and not k.startswith("_")}
+
+    try:
+        saved = comparable(ElmoConfig.from_json_file(os.path.join(checkpoint, "config.json")))
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"--resume: {checkpoint}/config.json cannot be read ({error}).") from None
+    current = comparable(model.config)
+    changed = [key for key in sorted(set(saved) | set(current)) if saved.get(key) != current.get(key)]
+    if changed:
+        raise CheckpointError(
+            f"--resume: {checkpoint} holds a model with "
+            + ", ".join(f"{key}={saved.get(key)!r}" for key in changed)
+            + "; this run would build one with "
+            + ", ".join(f"{key}={current.get(key)!r}" for key in changed)
+            + ". Resume with the options of the original run (--config or --init-from, --vocab, --dropout, "
+            "--num-softmax-samples)."
+        )
+    if state["optimizer"] != args.optimizer:
+        raise CheckpointError(
+            f"--resume: {checkpoint} was trained with --optimizer {state['optimizer']}, this run asks for "
+            f"{args.optimizer}; its optimizer state cannot be used. Resume with --optimizer {state['optimizer']}."
+        )
+    if state["vocab_sha256"] != vocab_digest:
+        raise CheckpointError(
+            f"--resume: the vocabulary ({os.path.join(args.output_dir, 'vocab.txt')}) is not the one {checkpoint} "
+            "was trained with; the softmax rows would mean other words."
+        )
+    try:
+        weights = load_file(os.path.join(checkpoint, "model.safetensors"))
+    except (OSError, SafetensorError) as error:
+        raise CheckpointError(f"--resume: {checkpoint}/model.safetensors cannot be read ({error}).") from None
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as error:
+        raise CheckpointError(f"--resume: {checkpoint}/model.safetensors does not fit the model: "
+                              f"{str(error).splitlines()[0]}") from None
+    return state
+
+
+def load_optimizer(optimizer, checkpoint: str) -> None:
+    path = os.path.join(checkpoint, OPTIMIZER_FILE)
+    try:
+        # Tensors and plain values only: a file that asks for anything else is refused, never executed.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"--resume: {path} is missing; the checkpoint is incomplete.") from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as error:
+        raise CheckpointError(
+            f"--resume: {path} is not a plain tensor file ({str(error).splitlines()[0]}); refusing to load it."
+        ) from None
+    try:
+        optimizer.load_state_dict(state)
+    except (KeyError, ValueError, TypeError) as error:
+        raise CheckpointError(f"--resume: {path} does not fit this optimizer ({error!r}).") from None
+
+
+def save_checkpoint(accelerator, model, optimizer, output_dir: str, step: int, keep: int, training_state: dict) -> str:
+    """Write `checkpoint-STEP` into a staging folder renamed into place, so a killed save never looks complete."""
+    final = os.path.join(output_dir, f"checkpoint-{step}")
+    staging = final + ".partial"
+    if accelerator.is_main_process:
+        if os.path.exists(staging):
+            shutil.rmtree(staging)
+        os.makedirs(staging)
+    accelerator.wait_for_everyone()
+    state_dict = accelerator.get_state_dict(model)
+    # A full disk shows as safetensors', torch's or our own error: one line, and no half checkpoint left.
+    with no_room_reported(final, clean_up=lambda: shutil.rmtree(staging, ignore_errors=True)):
+        if accelerator.is_main_process:
+            # Data-parallel replicas hold the same model and optimizer state: one copy is written.
+            accelerator.unwrap_model(model).save_pretrained(staging, state_dict=state_dict)
+            torch.save(optimizer.state_dict(), os.path.join(staging, OPTIMIZER_FILE))
+            write_json_atomic(os.path.join(staging, TRAINING_STATE_FILE), training_state, indent=1)
+        # Generators differ between processes (seeded per process): each writes its own.
+        rng_file = os.path.join(staging, RNG_STATE_FILE.format(rank=accelerator.process_index))
+        write_json_atomic(rng_file, rng_state(accelerator.device), indent=1)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        steps = sorted(int(m.group(1)) for name in os.listdir(output_dir) if (m := CHECKPOINT_PATTERN.match(name)))
+        for old in steps[:-keep]:
+            shutil.rmtree(os.path.join(output_dir, f"checkpoint-{old}"), ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def save_final(output_dir: str, model, state_dict: dict, tokenizer, results: dict) -> None:
+    """
+    The final model, tokenizer and eval_results.json, each file moved into OUTPUT_DIR whole (`atomic_files_into`):
+    a run killed while saving leaves no partial file there. The weights move after the config and before
+    eval_results.json, so a folder with eval_results.json holds the whole model.
+    """
+    with atomic_files_into(output_dir, last=(".safetensors", ".safetensors.index.json", "eval_results.json")) as staging:
+        model.save_pretrained(staging, state_dict=state_dict)
+        tokenizer.save_pretrained(staging)
+        write_json_atomic(os.path.join(staging, "eval_results.json"), results, indent=1)
