@@ -90,28 +90,22 @@ def main(argv: list[str] | None = None):
     baseline = parser.add_mutually_exclusive_group(required=True)
     baseline.add_argument("--baseline", metavar="REV", help="a git revision of this repository (e.g. HEAD~1, main)")
     baseline.add_argument("--baseline-dir", metavar="PATH", help="an hf_elmo package folder instead of a revision")
-    parser.add_argument("--config", choices=sorted(random_bilm.CONFIGS), default="small",
-                        help="random weights of this published shape (default small)")
-    parser.add_argument("--cache-dir", default=random_bilm.default_dir(),
-                        help="random weights and converted folders (default $HF_ELMO_BENCH_CACHE or "
-                             "~/.cache/hf_elmo_bench)")
-    parser.add_argument("--text", metavar="FILE", help="one sentence per line (default: the Wikipedia sample)")
-    parser.add_argument("--n-sentences", type=int, default=64, help="sentences to time (default 64)")
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    random_bilm.add_weights_arguments(parser)
+    workload.add_workload_arguments(parser)
+    workload.add_timing_arguments(parser, repeats=3)
     parser.add_argument("--rounds", type=int, default=6, help="rounds, each timing both sides (default 6)")
-    parser.add_argument("--repeats", type=int, default=3, help="passes per batch and side in a round (default 3)")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.repeats < 1:
         parser.error("--rounds and --repeats must be at least 1")
 
+    sentences, source_name = workload.sentences_from_args(parser, args)
     torch.set_num_threads(args.threads)
     # The baseline's files stay until the end: its modules may import others lazily.
     with tempfile.TemporaryDirectory(prefix="ab-baseline-") as scratch:
-        compare(args, *baseline_package(args.baseline, args.baseline_dir, scratch))
+        compare(args, sentences, source_name, *baseline_package(args.baseline, args.baseline_dir, scratch))
 
 
-def compare(args, folder: str, origin: str):
+def compare(args, sentences: list[list[str]], source_name: str, folder: str, origin: str):
     baseline_modeling = load_baseline(folder)
     options_path, weights_path = random_bilm.ensure(args.config, args.cache_dir)
     converted = converted_folder(options_path, weights_path, args.cache_dir)
@@ -120,7 +114,6 @@ def compare(args, folder: str, origin: str):
     for model in sides.values():
         model.set_elmo_implementation("cpu")
     config = sides["current"].config
-    sentences, source_name = workload.text_sentences(args.text, args.n_sentences)
     tokenizer = ElmoTokenizer(max_characters_per_token=config.max_characters_per_token)
     inputs = [tokenizer(group, is_split_into_words=True, padding=True, return_tensors="pt")
               for group in workload.batches(sentences, args.batch_size)]

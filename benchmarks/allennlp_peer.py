@@ -52,6 +52,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+import random_bilm  # noqa: E402  (these two import the standard library only)
+import workload  # noqa: E402
+
 WHEEL_NAME = "allennlp-0.9.0-py3-none-any.whl"
 # Packages the peer needs in this Python, besides the standard library, and how to get them.
 # overrides 3.x: 4 and later check signatures and reject allennlp 0.9.0's Highway.forward; 2.x does not run on
@@ -261,8 +264,7 @@ def char_ids(batch: list[list[str]]):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", choices=["tiny", "small", "medium", "original"], default="small",
-                        help="random weights of this published shape (default small); see random_bilm.py")
+    random_bilm.add_weights_arguments(parser, cache_dir=False)
     parser.add_argument("--options", help="a bilm-tf options.json instead of --config (with --weights)")
     parser.add_argument("--weights", help="a bilm-tf weights .hdf5 instead of --config (with --options)")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -270,10 +272,7 @@ def main():
     source.add_argument("--synthetic", action="store_true", help="workload: the 200-word-list sentences")
     parser.add_argument("--n-sentences", type=int, default=64, help="with --synthetic: how many (default 64)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed passes over the workload (default 5)")
-    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                        help="before each pass, wait up to SECONDS for other processes to use < 15%% of the CPUs")
+    workload.add_timing_arguments(parser, repeats=5, wait_quiet=0.0)
     parser.add_argument("--wheel", help=f"a local {WHEEL_NAME} (default: fetched with pip, see above)")
     parser.add_argument("--weights-dir", help="where random weights are kept (default: random_bilm.py's)")
     parser.add_argument("--save-first-batch", metavar="PATH",
@@ -284,9 +283,7 @@ def main():
     install(wheel_path(args.wheel))
     import torch
 
-    import bench_utils
-    import random_bilm
-    import workload
+    import bench_utils  # torch: only once the peer's modules are installed
 
     torch.set_num_threads(args.threads)
     from allennlp.modules.elmo import _ElmoBiLm

@@ -126,43 +126,28 @@ def watch_parts(model: ElmoModel, parts: bench_utils.PartTimer):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     weights = parser.add_argument_group("weights")
-    weights.add_argument("--config", choices=sorted(random_bilm.CONFIGS), default="small",
-                         help="random weights of this shape: small 2x1024_128, medium 2x2048_256, original "
-                              "2x4096_512 (all 2048cnn), tiny for smoke tests (default small)")
     weights.add_argument("--options", help="a bilm-tf options.json instead of --config (with --weights)")
     weights.add_argument("--weights", help="a bilm-tf weights .hdf5 instead of --config (with --options)")
     weights.add_argument("--load", choices=["converted", "hdf5"], default="converted",
                          help="converted (default): convert once, time the from_pretrained model; hdf5: read the "
                               ".hdf5 in this process")
-    weights.add_argument("--cache-dir", default=random_bilm.default_dir(),
-                         help="random weights and converted folders (default $HF_ELMO_BENCH_CACHE or "
-                              "~/.cache/hf_elmo_bench)")
-    text = parser.add_argument_group("workload")
-    source = text.add_mutually_exclusive_group()
-    source.add_argument("--text", metavar="FILE", help="one sentence per line (default: the Wikipedia sample)")
-    source.add_argument("--synthetic", action="store_true", help="the earlier 200-word-list sentences instead")
-    text.add_argument("--pretokenized", action="store_true", help="--text is already split into words by spaces")
-    text.add_argument("--n-sentences", type=int, default=64, help="sentences to time (default 64)")
-    text.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
+    random_bilm.add_weights_arguments(weights)
+    workload.add_workload_arguments(parser)
     run = parser.add_argument_group("run")
     run.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     run.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="the weights' and activations' dtype")
     run.add_argument("--implementation", choices=IMPLEMENTATIONS, default="auto",
                      help="which implementation of the model runs (see above; default auto)")
-    run.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, CPU threads (default 2)")
-    run.add_argument("--repeats", type=int, default=5, help="timed passes over the workload (default 5)")
     run.add_argument("--cache-vocab", action="store_true",
                      help="turn on the model's token-vector cache, filled with the workload's words before timing")
-    run.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                     help="before each pass, wait up to SECONDS for other processes to use < 15%% of the CPUs")
     run.add_argument("--skip-check", action="store_true", help="skip the comparison with the reference implementation")
     run.add_argument("--save-first-batch", metavar="PATH",
                      help="also save every layer's word vectors for batch 0 with torch.save (to compare with the peer)")
+    workload.add_timing_arguments(parser, repeats=5, wait_quiet=0.0)
     args = parser.parse_args()
     if bool(args.options) != bool(args.weights):
         parser.error("--options and --weights go together")
-    if args.pretokenized and not args.text:
-        parser.error("--pretokenized needs --text")
+    sentences, source_name = workload.sentences_from_args(parser, args)
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("bench_inference: --device cuda, but torch sees no CUDA device")
 
@@ -185,10 +170,6 @@ def main():
             model = ElmoModel.from_pretrained(folder, dtype=dtype)
         return model.to(device).eval()
 
-    if args.synthetic:
-        sentences, source_name = workload.synthetic_sentences(args.n_sentences), "synthetic"
-    else:
-        sentences, source_name = workload.text_sentences(args.text, args.n_sentences, args.pretokenized)
     groups = workload.batches(sentences, args.batch_size)
 
     start = time.perf_counter()

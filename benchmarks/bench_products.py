@@ -33,18 +33,17 @@ import torch
 
 import bench_utils
 import random_bilm
+import workload
 from hf_elmo.cpu_tuning import row_blocks
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--config", choices=sorted(random_bilm.CONFIGS), default="original",
-                        help="the published shape whose step products are timed (default: original)")
+    random_bilm.add_weights_arguments(parser, default="original", cache_dir=False)
     parser.add_argument("--columns", type=int, nargs="+", default=[1, 2, 3, 4, 8, 11, 12, 15, 16, 24, 32],
                         help="column counts (sentences still being read) to time")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
-    parser.add_argument("--repeats", type=int, default=7, help="runs of each product; the fastest counts")
+    workload.add_timing_arguments(parser, repeats=7)
     return parser.parse_args(argv)
 
 

@@ -286,3 +286,4 @@ def summarize(timing: dict, n_words: int) -> dict:
         "split_fraction": {name: round(seconds / total, 3) for name, seconds in split.items()},
         "busy_before_passes": timing["busy_before_passes"],
     }
+

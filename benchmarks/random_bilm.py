@@ -43,45 +43,31 @@ def default_dir() -> str:
 
 
 def write_weights(path: str, options: dict, seed: int = 0):
-    """Draw every dataset bilm-tf's dump_weights writes, with fan-in scaled normals and zero biases."""
-    import h5py
+    """
+    Draw every dataset of bilm-tf's weight file (`hf_elmo.bilm_tf.weight_layout`, in its order): fan-in scaled
+    normals (gain sqrt(2) for the char convolutions), uniform char embeddings and zero biases; written with
+    hf_elmo's own bilm-tf writer, into a partial file renamed into place.
+    """
     import numpy as np
 
+    from hf_elmo import bilm_tf
+
+    config = bilm_tf.config_from_options(options)
     rng = np.random.default_rng(seed)
-    cnn, lstm = options["char_cnn"], options["lstm"]
-    char_dim = cnn["embedding"]["dim"]
-    n_filters = sum(n for _, n in cnn["filters"])
-    cell, proj = lstm["dim"], lstm["projection_dim"]
-
-    def scaled(shape, fan_in, gain=1.0):
-        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(gain / fan_in**0.5)).astype(np.float32)
-
-    def zeros(n):
-        return np.zeros(n, np.float32)
-
+    arrays, state_dict = {}, {}
+    for dataset, shape, key, how in bilm_tf.weight_layout(config):
+        if dataset not in arrays:  # W_0 is two entries (input and recurrent rows), drawn once
+            if dataset == "char_embed":
+                arrays[dataset] = rng.uniform(-1.0, 1.0, shape).astype(np.float32)
+            elif len(shape) == 1:
+                arrays[dataset] = np.zeros(shape, np.float32)
+            else:
+                fan_in = int(np.prod(shape[:-1]))
+                gain = 2**0.5 if dataset.startswith("CNN/W_cnn") else 1.0
+                arrays[dataset] = (rng.standard_normal(shape, dtype=np.float32) * np.float32(gain / fan_in**0.5)).astype(np.float32)
+        state_dict[key] = bilm_tf.dataset_to_tensor(arrays[dataset], how, config)
     partial = f"{path}.partial-{os.getpid()}"
-    with h5py.File(partial, "w") as f:
-        # 261 rows: the file has no padding row (the model prepends it).
-        f["char_embed"] = rng.uniform(-1.0, 1.0, (cnn["n_characters"] - 1, char_dim)).astype(np.float32)
-        for i, (width, n) in enumerate(cnn["filters"]):
-            f[f"CNN/W_cnn_{i}"] = scaled((1, width, char_dim, n), width * char_dim, gain=2**0.5)
-            f[f"CNN/b_cnn_{i}"] = zeros(n)
-        for k in range(cnn["n_highway"]):
-            f[f"CNN_high_{k}/W_carry"] = scaled((n_filters, n_filters), n_filters)
-            f[f"CNN_high_{k}/b_carry"] = zeros(n_filters)
-            f[f"CNN_high_{k}/W_transform"] = scaled((n_filters, n_filters), n_filters)
-            f[f"CNN_high_{k}/b_transform"] = zeros(n_filters)
-        if n_filters != proj:
-            f["CNN_proj/W_proj"] = scaled((n_filters, proj), n_filters)
-            f["CNN_proj/b_proj"] = zeros(proj)
-        for direction in range(2):
-            for layer in range(lstm["n_layers"]):
-                prefix = f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
-                # Rows: the layer's input (proj wide: the token embedding or the layer below), then m_prev.
-                f[f"{prefix}/W_0"] = scaled((2 * proj, 4 * cell), 2 * proj)
-                f[f"{prefix}/B"] = zeros(4 * cell)
-                if proj < cell:
-                    f[f"{prefix}/W_P_0"] = scaled((cell, proj), cell)
+    bilm_tf.write_weights(partial, state_dict, config)
     os.replace(partial, path)
 
 
@@ -100,6 +86,17 @@ def ensure(config: str, directory: str | None = None, seed: int = 0) -> tuple[st
             handle.write(text)
         os.replace(partial, options_path)
     return options_path, weights_path
+
+
+def add_weights_arguments(parser, default: str = "small", cache_dir: bool = True) -> None:
+    """The options that pick a benchmark's random weights: --config, and where they are kept (--cache-dir)."""
+    parser.add_argument("--config", choices=sorted(CONFIGS), default=default,
+                        help=f"random weights of this published shape: small 2x1024_128, medium 2x2048_256, original "
+                             f"2x4096_512 (all 2048cnn), tiny for smoke tests (default {default})")
+    if cache_dir:
+        parser.add_argument("--cache-dir", default=default_dir(),
+                            help="random weights and converted folders (default $HF_ELMO_BENCH_CACHE or "
+                                 "~/.cache/hf_elmo_bench)")
 
 
 def architecture_name(options: dict) -> str:

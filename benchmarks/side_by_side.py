@@ -86,32 +86,18 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=["small", "original"], choices=sorted(random_bilm.CONFIGS),
                         help="shapes to compare (default: small original)")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--text", metavar="FILE", help="one sentence per line (default: the Wikipedia sample)")
-    source.add_argument("--synthetic", action="store_true", help="the earlier 200-word-list sentences instead")
-    parser.add_argument("--pretokenized", action="store_true", help="--text is already split into words by spaces")
-    parser.add_argument("--n-sentences", type=int, default=64, help="sentences (default 64)")
-    parser.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
-    parser.add_argument("--threads", type=int, default=2, help="CPU threads of each side (default 2)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed passes per run, both sides (default 5)")
+    workload.add_workload_arguments(parser)
+    workload.add_timing_arguments(parser, repeats=5, wait_quiet=10.0)
     parser.add_argument("--rounds", type=int, default=3, help="runs of each side per config, alternating (default 3)")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="hf_elmo's dtype (AllenNLP: fp32)")
     parser.add_argument("--implementation", default="auto", help="hf_elmo's --implementation (default auto)")
-    parser.add_argument("--wait-quiet", type=float, default=10.0, metavar="SECONDS",
-                        help="each side waits up to SECONDS before each pass for the machine to be idle (default 10)")
     parser.add_argument("--wheel", help="a local allennlp-0.9.0-py3-none-any.whl (default: fetched with pip)")
     parser.add_argument("--cache-dir", default=random_bilm.default_dir(),
                         help="random weights, converted folders, workload files (default $HF_ELMO_BENCH_CACHE or "
                              "~/.cache/hf_elmo_bench)")
     parser.add_argument("--runs", metavar="FILE", help="also append every child's JSON line to FILE")
     args = parser.parse_args()
-    if args.pretokenized and not args.text:
-        parser.error("--pretokenized needs --text")
-
-    if args.synthetic:
-        sentences, source_name = workload.synthetic_sentences(args.n_sentences), "synthetic"
-    else:
-        sentences, source_name = workload.text_sentences(args.text, args.n_sentences, args.pretokenized)
+    sentences, source_name = workload.sentences_from_args(parser, args)
     os.makedirs(args.cache_dir, exist_ok=True)
     words_file = os.path.join(args.cache_dir, f"workload-{workload.digest(sentences)[:16]}.txt")
     workload.write_words(sentences, words_file)

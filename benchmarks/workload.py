@@ -15,6 +15,7 @@ A workload file written by `write_words` (one sentence per line, words joined by
 unless raw text has to be tokenised or the Wikipedia sample fetched.
 """
 
+import argparse
 import hashlib
 
 
@@ -124,3 +125,36 @@ def describe(sentences: list[list[str]], batch_size: int) -> dict:
         "distinct_fraction": round(sum(distinct) / max(1, sum(words)), 3),
         "workload_sha1": digest(sentences),
     }
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The workload options of the inference benchmarks: which sentences, how many, in batches of how many."""
+    group = parser.add_argument_group("workload")
+    source = group.add_mutually_exclusive_group()
+    source.add_argument("--text", metavar="FILE", help="one sentence per line (default: the Wikipedia sample)")
+    source.add_argument("--synthetic", action="store_true", help="the earlier 200-word-list sentences instead")
+    group.add_argument("--pretokenized", action="store_true", help="--text is already split into words by spaces")
+    group.add_argument("--n-sentences", type=int, default=64, help="sentences to time (default 64)")
+    group.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
+
+
+def sentences_from_args(parser: argparse.ArgumentParser, args) -> tuple[list[list[str]], str]:
+    """The sentences `add_workload_arguments`' options ask for, and the name of their source."""
+    if args.pretokenized and not args.text:
+        parser.error("--pretokenized needs --text")
+    if args.synthetic:
+        return synthetic_sentences(args.n_sentences), "synthetic"
+    return text_sentences(args.text, args.n_sentences, args.pretokenized)
+
+
+def add_timing_arguments(parser, repeats: int, wait_quiet: float | None = None) -> None:
+    """The timing options the benchmarks share: CPU threads, timed passes, and (where given) waiting for quiet
+    (`bench_utils.time_passes`). Here, not in bench_utils, so that a parent process parses them without torch."""
+    group = parser.add_argument_group("timing")
+    group.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, CPU threads (default 2)")
+    group.add_argument("--repeats", type=int, default=repeats,
+                       help=f"timed passes; each batch counts at its fastest (default {repeats})")
+    if wait_quiet is not None:
+        group.add_argument("--wait-quiet", type=float, default=wait_quiet, metavar="SECONDS",
+                           help="before each pass, wait up to SECONDS for other processes to use < 15%% of the CPUs "
+                                f"(default {wait_quiet:g})")

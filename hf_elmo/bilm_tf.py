@@ -152,7 +152,8 @@ def weight_layout(config: ElmoConfig) -> list[tuple[str, tuple[int, ...], str, s
     return layout
 
 
-def _to_torch(array: np.ndarray, how: str, config: ElmoConfig) -> torch.Tensor:
+def dataset_to_tensor(array: np.ndarray, how: str, config: ElmoConfig) -> torch.Tensor:
+    """One dataset of a weight file (an entry of `weight_layout`) as the PyTorch tensor it becomes."""
     tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
     p = config.projection_dim
     if how == "copy":
@@ -199,7 +200,7 @@ def read_weights(path: str, config: ElmoConfig, progress: bool = False) -> dict[
                 if not np.issubdtype(node.dtype, np.floating):
                     raise BilmTfFormatError(f"{path}: dataset '{dataset}' has dtype {node.dtype}, expected float32.")
                 arrays[dataset] = node[...]
-            state_dict[key] = _to_torch(arrays[dataset], how, config)
+            state_dict[key] = dataset_to_tensor(arrays[dataset], how, config)
             if not torch.isfinite(state_dict[key]).all():
                 raise BilmTfFormatError(f"{path}: dataset '{dataset}' contains NaN or infinite values.")
         expected = {dataset for dataset, *_ in layout}
