@@ -31,9 +31,19 @@ ELMO_CUSTOM_PIPELINES = {
 
 
 def add_custom_pipelines(config, task: str) -> None:
-    """Make `pipeline(task, FOLDER, trust_remote_code=True)` on a folder saved with this config use ELMo's pipeline."""
+    """
+    Make `pipeline(task, FOLDER, trust_remote_code=True)` on a folder saved with this config use ELMo's pipeline,
+    under the task's name and under each of Transformers' aliases for it ("ner" for "token-classification").
+
+    pipeline() looks the name it is given up in `custom_pipelines` before it resolves an alias, so an alias that is
+    not listed here would get the stock class. Listing two names has one cost: pipeline(FOLDER,
+    trust_remote_code=True) without a task can no longer guess it, and says so, naming both.
+    """
+    from transformers.pipelines import TASK_ALIASES
+
+    names = [task] + sorted(alias for alias, target in TASK_ALIASES.items() if target == task)
     custom = getattr(config, "custom_pipelines", None) or {}
-    config.custom_pipelines = {**custom, task: ELMO_CUSTOM_PIPELINES[task]}
+    config.custom_pipelines = {**custom, **{name: ELMO_CUSTOM_PIPELINES[task] for name in names}}
 
 
 class ElmoHubMixin:

@@ -72,8 +72,9 @@ _PTB_PATTERN = "|".join(
 # ---------------------------------------------------------------------------------------------
 # The stock token-classification pipeline reads one id per token (`int(input_ids[idx])`) and fails on a row of
 # character ids with "only one element tensors can be converted to Python scalars", which says nothing about the
-# cause. pipeline() picks it for a model object, or for the "ner" alias, even when the model names its own pipeline;
-# the tokenizer is the one ELMo object it calls before that failure, so this is where the mistake is caught.
+# cause. pipeline() picks it for a model object (it reads `config.custom_pipelines` only for a folder or Hub id) and
+# calls nothing of ELMo's while it chooses or builds the pipeline: the tokenizer is the one ELMo object the stock
+# class calls before that failure, so this is where the mistake is caught, by looking at the caller.
 # ---------------------------------------------------------------------------------------------
 _STOCK_TOKEN_PIPELINE_MODULE = "transformers.pipelines.token_classification"
 STOCK_TOKEN_PIPELINE_ERROR = (

@@ -3,6 +3,7 @@ extraction, in this process and in one where hf_elmo cannot be imported (trust_r
 
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -164,9 +165,20 @@ def test_token_classification_from_a_folder(ner_folder):
     # Transformers asks for trust_remote_code before it uses a pipeline class named by the model.
     with pytest.raises(ValueError, match="trust_remote_code=True"):
         pipeline("token-classification", model=str(ner_folder))
+    # The folder names the pipeline under Transformers' alias too, so "ner" is the same call.
+    assert json.loads((ner_folder / "config.json").read_text())["custom_pipelines"].keys() == {
+        "token-classification", "ner"}
+    ner = pipeline("ner", model=str(ner_folder), trust_remote_code=True, aggregation_strategy="simple")
+    assert type(ner).__name__ == "ElmoTokenClassificationPipeline"
+    assert simplify(ner(TEXT)) == alone[0]
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        pipeline("ner", model=str(ner_folder))
+    # The cost of two names: without a task, Transformers cannot choose and says so, naming both.
+    with pytest.raises(RuntimeError, match="Pick one in ner, token-classification"):
+        pipeline(model=str(ner_folder), trust_remote_code=True)
 
 
-def test_stock_token_pipeline_used_by_mistake_names_the_right_call(ner_folder):
+def test_stock_token_pipeline_used_by_mistake_names_the_right_call(ner_folder, tmp_path):
     model = AutoModelForTokenClassification.from_pretrained(ner_folder)
     tokenizer = AutoTokenizer.from_pretrained(ner_folder)
     # A model object: pipeline() never reads config.custom_pipelines for it, so the stock class is chosen.
@@ -178,8 +190,13 @@ def test_stock_token_pipeline_used_by_mistake_names_the_right_call(ner_folder):
         stock(TEXT)
     with pytest.raises(ValueError, match=re.escape('model=FOLDER_OR_REPO_ID, trust_remote_code=True')):
         stock([w for w, _, _ in TEXT_WORDS], is_split_into_words=True)
-    # The "ner" alias is not a key of custom_pipelines either, so even a folder gets the stock class.
-    alias = pipeline("ner", model=str(ner_folder))
+    # A folder saved before "ner" was listed in custom_pipelines gets the stock class for the alias: same error.
+    old_folder = tmp_path / "listed_once"
+    shutil.copytree(ner_folder, old_folder)
+    config = json.loads((old_folder / "config.json").read_text())
+    config["custom_pipelines"].pop("ner")
+    (old_folder / "config.json").write_text(json.dumps(config))
+    alias = pipeline("ner", model=str(old_folder), trust_remote_code=True)
     assert type(alias) is TokenClassificationPipeline
     with pytest.raises(ValueError, match="the stock TokenClassificationPipeline cannot read"):
         alias(TEXT)
@@ -229,11 +246,15 @@ REMOTE_SCRIPT = """
         "classify": classify(spec["texts"]),
         "features": extract(spec["text"]),
     }
+    report["ner_alias"] = transformers.pipeline("ner", model=spec["ner"], trust_remote_code=True)(
+        spec["text"], aggregation_strategy="simple")
     try:
-        transformers.pipeline("ner", model=spec["ner"], trust_remote_code=True)(spec["text"])
+        model = transformers.AutoModelForTokenClassification.from_pretrained(spec["ner"], trust_remote_code=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(spec["ner"], trust_remote_code=True)
+        transformers.pipeline("token-classification", model=model, tokenizer=tokenizer)(spec["text"])
     except ValueError as error:
         report["stock_error"] = str(error)
-    for entities in (report["none"], report["simple"]):
+    for entities in (report["none"], report["simple"], report["ner_alias"]):
         for e in entities:
             e["score"] = float(e["score"])
     print(json.dumps(report))
@@ -253,6 +274,7 @@ def test_pipelines_without_hf_elmo_installed(ner_folder, sentiment_folder, tmp_p
     assert simplify(report["none"]) == simplify(local(TEXT, aggregation_strategy="none"))
     assert simplify(report["simple"]) == simplify(local(TEXT, aggregation_strategy="simple"))
     assert [(e["word"], e["start"], e["end"]) for e in report["simple"]] == [("Joel Grus", 0, 9), ("New York", 20, 28)]
+    assert report["ner_alias"] == report["simple"]
 
     local_classify = pipeline("text-classification", model=str(sentiment_folder))(texts)
     assert [r["label"] for r in report["classify"]] == [r["label"] for r in local_classify]
