@@ -53,10 +53,9 @@ def clip(values: torch.Tensor, limit: float, in_place: bool = False) -> torch.Te
 def fold_forget_bias(bias: torch.Tensor) -> torch.Tensor:
     """The gate bias `(..., 4 * lstm_dim)` with `FORGET_GATE_BIAS` added to its forget block, once, instead of at
     every step."""
-    lstm_dim = bias.shape[-1] // 4
-    shift = torch.zeros(4 * lstm_dim, dtype=bias.dtype, device=bias.device)
-    shift[2 * lstm_dim : 3 * lstm_dim] = FORGET_GATE_BIAS
-    return bias + shift
+    in_gate, candidate, forget_gate, out_gate = bias.chunk(4, dim=-1)
+    # Python numbers only as operands: writing one into a device tensor would be a host-to-device copy.
+    return torch.cat([in_gate, candidate, forget_gate + FORGET_GATE_BIAS, out_gate], dim=-1)
 
 
 def lstm_cell(gates: torch.Tensor, cell: torch.Tensor, cell_clip: float, dim: int = -1, in_place: bool = False,
@@ -302,8 +301,9 @@ class ClippedLstmRecurrence(torch.autograd.Function):
 
 def matmul_dtype(reference: torch.Tensor) -> torch.dtype:
     """The dtype matmuls run in: autocast's where it is on, else the tensor's own."""
-    if torch.is_autocast_enabled(reference.device.type):
-        return torch.get_autocast_dtype(reference.device.type)
+    device_type = reference.device.type
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
     return reference.dtype
 
 

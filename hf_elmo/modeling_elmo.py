@@ -317,7 +317,9 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
         # a random biLM gives features no tagger can use. Loaded weights are never touched (`init` skips them).
         super()._init_weights(module)
         config = self.config
-        if isinstance(module, nn.Embedding):  # the char embeddings, the only embedding of the model
+        if isinstance(module, ElmoModel):
+            init.copy_(module.boundary_char_ids, ElmoModel._boundary_rows(config))
+        elif isinstance(module, nn.Embedding):  # the char embeddings, the only embedding of the model
             init.uniform_(module.weight, -1.0, 1.0)  # char_embed
             if not getattr(module.weight, "_is_hf_initialized", False):
                 init.zeros_(module.weight[module.padding_idx])  # our extra row for padded words
@@ -366,20 +368,24 @@ class ElmoModel(ElmoPreTrainedModel):
         super().__init__(config)
         self.char_encoder = ElmoCharacterEncoder(config)
         self.bilstm = ElmoBiLstm(config)
-        # Plain numbers, built once: the forward (possibly traced by torch.compile) only turns them into a tensor.
-        width = config.max_characters_per_token
-        self._boundary_rows = [word_to_char_ids(word, width) for word in (BEGIN_SENTENCE_WORD, END_SENTENCE_WORD)]
+        # Char-id rows of <S> and </S>, (2, max_characters_per_token): a buffer, so that it lives on the model's
+        # device and the forward makes no host-to-device copy (a blocking one, which also stops CUDA-graph capture).
+        # Not saved (it follows from the config); `_init_weights` fills it, also after from_pretrained.
+        self.register_buffer("boundary_char_ids", self._boundary_rows(config), persistent=False)
         self.post_init()
+
+    @staticmethod
+    def _boundary_rows(config: ElmoConfig) -> torch.Tensor:
+        width = config.max_characters_per_token
+        rows = [word_to_char_ids(word, width) for word in (BEGIN_SENTENCE_WORD, END_SENTENCE_WORD)]
+        # On the host even under a meta-device context (`load_bilm_tf`, from_pretrained), as nothing loads it.
+        return torch.tensor(rows, dtype=torch.long, device="cpu")
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.char_encoder.char_embeddings
 
     def set_input_embeddings(self, value: nn.Embedding):
         self.char_encoder.char_embeddings = value
-
-    def boundary_char_ids(self, device) -> torch.Tensor:
-        """Char-id rows of `<S>` and `</S>`, shape `(2, max_characters_per_token)`."""
-        return torch.tensor(self._boundary_rows, dtype=torch.long, device=device)
 
     def word_mask(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
@@ -486,7 +492,7 @@ class ElmoModel(ElmoPreTrainedModel):
         # char CNN reads every position and padding is zeroed after it.
         positions = torch.arange(num_words + 2, device=mask.device)
         sequence_mask = positions < (lengths[:, None] + 2)
-        boundaries = self.boundary_char_ids(input_ids.device)
+        boundaries = self.boundary_char_ids
         input_ids = input_ids.long()
         padding = input_ids.new_zeros(batch_size, 1, input_ids.shape[-1])
         char_ids = torch.cat([boundaries[0].expand(batch_size, 1, -1), input_ids, padding], dim=1)

@@ -770,3 +770,49 @@ def test_fixed_cpu_tuning_measures_nothing_and_gives_the_same_function(model, mo
     # Every choice was made, and each is the plain one: no row blocks, exactly the rows still reading.
     assert cpu_tuning._PRODUCTS and set(cpu_tuning._PRODUCTS.values()) == {(1, 0.0)}
     assert cpu_tuning._STEP_COLUMNS and all(columns == key[-3] for key, columns in cpu_tuning._STEP_COLUMNS.items())
+
+
+class HostDataReads(torch.overrides.TorchFunctionMode):
+    """Records every call that moves data between the host and a device: a tensor built from Python or numpy
+    data, a host tensor moved to a device, or a device value read back. On a GPU each is a copy that waits for
+    the device, and it stops a CUDA graph from being captured. Work on host tensors alone is not recorded."""
+
+    FACTORIES = {torch.tensor, torch.as_tensor, torch.from_numpy, torch.asarray}
+    READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        first = args[0] if args else None
+        on_device = isinstance(first, torch.Tensor) and first.device.type != "cpu"
+        result = func(*args, **(kwargs or {}))
+        moved_out = (isinstance(first, torch.Tensor) and not on_device and isinstance(result, torch.Tensor)
+                     and result.device.type != "cpu")
+        if (func in self.FACTORIES and not isinstance(first, torch.Tensor)) or (name in self.READS and on_device) \
+                or moved_out:
+            self.calls.append(name)
+        return result
+
+
+@pytest.mark.parametrize("implementation", ["reference", "cuda"])
+def test_the_device_paths_copy_nothing_between_host_and_device(implementation):
+    # On the meta device, where nothing is computed, as a GPU would run it: inference and a training step of the
+    # sampled-softmax objective, forward and backward.
+    from hf_elmo import ElmoForPreTraining
+
+    config = ElmoConfig(char_filters=FILTERS, n_highway=1, char_embedding_dim=4, lstm_dim=24, projection_dim=8,
+                        cell_clip=3.0, proj_clip=3.0, vocab_size=300, num_softmax_samples=64)
+    model = ElmoForPreTraining(config).to("meta").train()
+    model.set_elmo_implementation(implementation)
+    ids = make_batch([3, 1, 2], seed=4)
+    labels = torch.randint(0, 300, ids.shape[:2]).masked_fill(ids[..., 0] == 0, -100)
+    ids, labels = ids.to("meta"), labels.to("meta")
+    with HostDataReads() as recorded:
+        model(ids, labels=labels).loss.backward()
+        with torch.no_grad():
+            hidden = model.elmo.eval()(ids, output_hidden_states=True).hidden_states
+    assert recorded.calls == []
+    assert hidden[-1].device.type == "meta" and hidden[-1].shape == (3, 3, 16)
