@@ -319,6 +319,9 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
         config = self.config
         if isinstance(module, ElmoModel):
             init.copy_(module.boundary_char_ids, ElmoModel._boundary_rows(config))
+        elif isinstance(module, ElmoSoftmax):
+            init.normal_(module.weight, mean=0.0, std=config.projection_dim**-0.5)  # softmax/W
+            init.zeros_(module.bias)  # softmax/b
         elif isinstance(module, nn.Embedding):  # the char embeddings, the only embedding of the model
             init.uniform_(module.weight, -1.0, 1.0)  # char_embed
             if not getattr(module.weight, "_is_hf_initialized", False):
@@ -1045,6 +1048,49 @@ class ElmoForSequenceClassification(ElmoTaskPreTrainedModel):
 # ---------------------------------------------------------------------------------------------
 # Pretraining: ElmoForPreTraining, the forward and backward language models of bilm-tf over a word vocabulary.
 # ---------------------------------------------------------------------------------------------
+class _RowsWithSparseGradient(torch.autograd.Function):
+    """`table[ids]` whose gradient is a sparse tensor holding only the rows `ids` names (duplicates summed when it
+    is coalesced). `nn.functional.embedding(..., sparse=True)` does this for 2-D tables only; the bias is 1-D."""
+
+    @staticmethod
+    def forward(ctx, table, ids):
+        ctx.save_for_backward(ids)
+        ctx.table_shape = table.shape
+        return table[ids]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ids,) = ctx.saved_tensors
+        return torch.sparse_coo_tensor(ids[None], grad, ctx.table_shape, check_invariants=False), None
+
+
+class ElmoSoftmax(nn.Embedding):
+    """
+    The LM's output layer, one for both directions: a weight row and a bias per vocabulary word (bilm-tf's
+    `softmax/W` and `softmax/b`). Called on hidden states it gives the full softmax's scores; `rows(ids)` gives the
+    weights and biases of some words, for the sampled softmax.
+
+    With `sparse` on (set by `hf-elmo pretrain` for Adagrad), the rows' gradients are sparse: a step's gradient,
+    its norm and its Adagrad update touch only the rows the step used, as bilm-tf's (TensorFlow's
+    `IndexedSlices`), instead of every row of a vocabulary that can be 793k x 512. With Adagrad and no weight decay
+    a row whose gradient is zero does not change, so the weights are those of the dense update. It is an
+    `nn.Embedding` because that is the module DDP knows to expect sparse gradients from.
+    """
+
+    def __init__(self, vocab_size: int, hidden_size: int):
+        super().__init__(vocab_size, hidden_size)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(hidden, self.weight, self.bias)
+
+    def rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight rows `(len(ids), hidden_size)` and biases `(len(ids),)` of words `ids`."""
+        if self.sparse:
+            return _RowsWithSparseGradient.apply(self.weight, ids), _RowsWithSparseGradient.apply(self.bias, ids)
+        return self.weight[ids], self.bias[ids]
+
+
 @dataclass
 class ElmoForPreTrainingOutput(ModelOutput):
     r"""
@@ -1101,15 +1147,8 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
             )
         self.elmo = ElmoModel(config)
         self.dropout = nn.Dropout(config.lm_dropout)
-        self.softmax = nn.Linear(config.projection_dim, config.vocab_size)
+        self.softmax = ElmoSoftmax(config.vocab_size, config.projection_dim)
         self.post_init()
-
-    def _init_weights(self, module):
-        super()._init_weights(module)
-        if module is getattr(self, "softmax", None):
-            # bilm-tf's softmax initialisation.
-            init.normal_(module.weight, mean=0.0, std=self.config.projection_dim**-0.5)
-            init.zeros_(module.bias)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.elmo.get_input_embeddings()
@@ -1178,12 +1217,17 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         targets = targets.clamp(min=0)  # ignored positions compute something finite, then count for nothing
         log_q_sampled = log_uniform_expected_count(candidates, vocab_size, num_samples, num_tries).log()
         log_q_true = log_uniform_expected_count(targets, vocab_size, num_samples, num_tries).log()
-        weight, bias = self.softmax.weight, self.softmax.bias
-        true_logits = (hidden * weight[targets]).sum(-1) + bias[targets] - log_q_true.to(hidden.dtype)
-        sampled_logits = hidden @ weight[candidates].t() + bias[candidates] - log_q_sampled.to(hidden.dtype)
+        # One gather for the targets and the negatives: with sparse gradients, one sparse tensor per parameter.
+        weight, bias = self.softmax.rows(torch.cat([targets, candidates]))
+        true_weight, sampled_weight = weight.split([len(targets), num_samples])
+        true_bias, sampled_bias = bias.split([len(targets), num_samples])
+        # The products in the matmul dtype; bias and correction added in fp32 (in bf16 the correction, up to ~13,
+        # would be rounded to 1/16).
+        true_logits = (hidden * true_weight).sum(-1).float() + true_bias.float() - log_q_true.float()
+        sampled_logits = (hidden @ sampled_weight.t()).float() + sampled_bias.float() - log_q_sampled.float()
         # A negative that happens to be the target would be counted against itself.
-        sampled_logits = sampled_logits.float().masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
-        logits = torch.cat([true_logits.float()[:, None], sampled_logits], dim=1)
+        sampled_logits = sampled_logits.masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
+        logits = torch.cat([true_logits[:, None], sampled_logits], dim=1)
         return nn.functional.cross_entropy(logits, targets.new_zeros(targets.shape), reduction="none") * keep
 
     @can_return_tuple
@@ -1256,6 +1300,7 @@ __all__ = [
     "ElmoModelOutput",
     "ElmoPreTrainedModel",
     "ElmoScalarMix",
+    "ElmoSoftmax",
     "ElmoTaskEncoder",
     "ElmoTaskPreTrainedModel",
 ]

@@ -219,6 +219,45 @@ def build_optimizer(args, model):
     return optimizer, scheduler
 
 
+def sparse_softmax_gradients(optimizer: str, sampled: bool, num_processes: int) -> bool:
+    """
+    Whether the softmax's gradients are sparse (`ElmoSoftmax`): with the sampled softmax and Adagrad, in one
+    process or over gloo. AdamW's moments move rows whose gradient is zero (and torch's AdamW reads no sparse
+    gradient); torch's NCCL process group has no sparse all-reduce, so GPUs in data parallel stay dense.
+    """
+    if not sampled or optimizer != "adagrad":
+        return False
+    return num_processes == 1 or torch.distributed.get_backend() == "gloo"
+
+
+@torch.no_grad()
+def clip_gradient_norm(parameters, max_norm: float) -> torch.Tensor:
+    """
+    `torch.nn.utils.clip_grad_norm_` (global L2 norm; every gradient times `min(1, max_norm / (norm + 1e-6))`;
+    returns the norm before clipping), also over sparse gradients, which torch's cannot read. A sparse gradient is
+    coalesced first, so that a row used twice counts once, summed, as in the dense gradient.
+    """
+    dense, sparse = [], []
+    for parameter in parameters:
+        if parameter.grad is None:
+            continue
+        if parameter.grad.is_sparse:
+            parameter.grad = parameter.grad.coalesce()
+            sparse.append(parameter.grad._values())
+        else:
+            dense.append(parameter.grad)
+    norms = [*(torch._foreach_norm(dense) if dense else []), *(torch.linalg.vector_norm(v) for v in sparse)]
+    if not norms:
+        return torch.zeros(())
+    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    if dense:
+        torch._foreach_mul_(dense, scale)
+    for values in sparse:
+        values.mul_(scale)
+    return total
+
+
 def tracker_config(args, accelerator) -> dict:
     values = {**vars(args), "num_processes": accelerator.num_processes, "batching": "sentences"}
     return {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in values.items()}
@@ -288,11 +327,17 @@ class PretrainingRun:
         )
         model = build_model(args, base, encoder, self.tokenizer)
         del encoder
-        sampled = model.config.num_softmax_samples and model.config.num_softmax_samples < model.config.vocab_size
+        sampled = 0 < model.config.num_softmax_samples < model.config.vocab_size
+        # Before the model is wrapped: DDP reads it to know which gradients come sparse.
+        model.softmax.sparse = sparse_softmax_gradients(args.optimizer, sampled, accelerator.num_processes)
+        if model.softmax.sparse:
+            # Off by default; torch's Adagrad builds sparse tensors without saying so, and warns unless told.
+            torch.sparse.check_sparse_tensor_invariants.disable()
         logger.info(
-            "Model: %d parameters, vocabulary %d words, %s softmax in training; %d training file(s)",
+            "Model: %d parameters, vocabulary %d words, %s softmax in training (%s gradient); %d training file(s)",
             model.num_parameters(), model.config.vocab_size,
-            f"sampled ({model.config.num_softmax_samples} negatives)" if sampled else "full", len(files),
+            f"sampled ({model.config.num_softmax_samples} negatives)" if sampled else "full",
+            "sparse" if model.softmax.sparse else "dense", len(files),
         )
         self.batch_encoder = BatchEncoder.from_tokenizer(self.tokenizer, pad_to_multiple_of=LENGTH_BUCKET)
         self.eval_batches = self._eval_batches()
@@ -443,7 +488,8 @@ class PretrainingRun:
             window.add(losses, tokens)
             micro_losses.append(losses[0])
         assert accelerator.sync_gradients, "gradient accumulation went out of step"
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm or float("inf"))
+        accelerator.unscale_gradients()  # a no-op but under fp16's GradScaler
+        grad_norm = clip_gradient_norm(model.parameters(), args.max_grad_norm or float("inf"))
         # One read per optimizer step (not per micro-batch): a non-finite update must be stopped before it is
         # applied, so that the checkpoint holds the weights from before it (GradScaler reads too).
         grad_norm = float(grad_norm)

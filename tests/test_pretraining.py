@@ -144,6 +144,53 @@ def test_sampled_softmax_is_the_tensorflow_recipe():
     assert touched == set(candidates.tolist()) | set(labels[labels != -100].tolist()) | {0, 1}
 
 
+def test_sparse_softmax_gradients_give_the_weights_of_the_dense_update():
+    # Four steps of the pretraining update (forward, gradient x 20, global-norm clipping that bites, Adagrad), once
+    # with dense softmax gradients and once with sparse ones: the same weights, to rounding.
+    from hf_elmo.pretraining import clip_gradient_norm
+
+    config = tiny_config(vocab_size=5000, num_softmax_samples=64, lm_dropout=0.0)
+    torch.manual_seed(0)
+    initial = ElmoForPreTraining(config).state_dict()
+    runs = {}
+    for sparse in (False, True):
+        model = ElmoForPreTraining(config).train()
+        model.load_state_dict(initial)
+        model.softmax.sparse = sparse
+        optimizer = torch.optim.Adagrad(model.parameters(), lr=0.2, initial_accumulator_value=1.0)
+        norms = []
+        for step in range(4):
+            input_ids, labels = _batch(vocab_size=5000, seed=step)
+            torch.manual_seed(100 + step)  # the same negatives on both sides
+            (model(input_ids, labels=labels).loss * 20).backward()
+            assert model.softmax.weight.grad.is_sparse is sparse and model.softmax.bias.grad.is_sparse is sparse
+            norms.append(float(clip_gradient_norm(model.parameters(), 5.0)))
+            optimizer.step()
+            optimizer.zero_grad()
+        runs[sparse] = norms, model.state_dict()
+    (dense_norms, dense), (sparse_norms, sparse) = runs[False], runs[True]
+    assert sparse_norms == pytest.approx(dense_norms, rel=1e-5) and min(dense_norms) > 5.0  # clipping bit
+    for name, value in dense.items():
+        torch.testing.assert_close(sparse[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    # The update moved the softmax rows it used and no other.
+    moved = (dense["softmax.weight"] != initial["softmax.weight"]).any(1)
+    assert 64 < int(moved.sum()) < 5000 // 4
+
+
+def test_clip_gradient_norm_is_torchs_on_dense_gradients():
+    from hf_elmo.pretraining import clip_gradient_norm
+
+    generator = torch.Generator().manual_seed(0)
+    ours, torchs = ([torch.nn.Parameter(torch.zeros(n)) for n in (3, 7, 1)] for _ in range(2))
+    for a, b in zip(ours, torchs):
+        a.grad = torch.randn(a.shape, generator=generator) * 4
+        b.grad = a.grad.clone()
+    torchs[2].grad = ours[2].grad = None
+    for max_norm in (1.0, float("inf")):
+        assert float(clip_gradient_norm(ours, max_norm)) == float(torch.nn.utils.clip_grad_norm_(torchs, max_norm))
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours[:2], torchs[:2]))
+
+
 def test_log_uniform_sampler_follows_zipf():
     torch.manual_seed(0)
     draws = torch.stack([sample_log_uniform_candidates(1, 100)[0] for _ in range(20000)]).flatten()
@@ -711,6 +758,8 @@ def test_two_cpu_processes_train_one_model(two_process_run):
     output, log = two_process_run
     assert "World size 2 (MULTI_CPU), device cpu" in log and "mixed precision bf16" in log
     assert "Weights identical on all 2 process(es)" in log  # each rank hashed its own weights, gathered, compared
+    # Adagrad with the sampled softmax over gloo: DDP sums the softmax's sparse gradients across processes.
+    assert "sampled (256 negatives) softmax in training (sparse gradient)" in log
     assert os.path.isfile(output / "model.safetensors")
     assert json.loads((output / "eval_results.json").read_text())["step"] == 12
 
