@@ -163,31 +163,42 @@ def stack_layers(run_layer, layer_input, num_layers: int, skip_connections: bool
 # ---------------------------------------------------------------------------------------------------------------
 # The clipped recurrence with a hand-written backward (the "cuda" implementation, and "cpu" with autograd)
 # ---------------------------------------------------------------------------------------------------------------
+# The device types whose tensors go through the compiled kernels, and torch.compile's backend. The tests compile
+# on the CPU with the "eager" backend, which traces, guards and recompiles as inductor does, without generating code.
+COMPILED_DEVICE_TYPES = ("cuda",)
+COMPILE_BACKEND = "inductor"
+
+
 def _compiled(function):
-    """`function`, compiled for CUDA tensors into one fused kernel (eager elsewhere, and when already compiling)."""
-    compiled = None
+    """
+    `function`, compiled into one fused kernel for tensors on `COMPILED_DEVICE_TYPES` (eager elsewhere, and when
+    already compiling). Sizes and strides are symbolic from the first call (`dynamic=True`): the row count (64 rows
+    in evaluation, 128 in training, a short last batch) and a step's stride (the padded length) change between
+    batches, and each change would otherwise cost a recompilation.
+    """
+    compiled = {}
 
     @functools.wraps(function)
     def run(*args):
-        nonlocal compiled
-        if args[0].device.type != "cuda" or torch.compiler.is_compiling():
+        if args[0].device.type not in COMPILED_DEVICE_TYPES or torch.compiler.is_compiling():
             return function(*args)
-        if compiled is None:
-            compiled = torch.compile(function, fullgraph=True)
-        return compiled(*args)
+        if COMPILE_BACKEND not in compiled:
+            compiled[COMPILE_BACKEND] = torch.compile(function, fullgraph=True, dynamic=True, backend=COMPILE_BACKEND)
+        return compiled[COMPILE_BACKEND](*args)
 
     return run
 
 
 @_compiled
-def _step_forward(input_gates, recurrent_gates, cell, active, cell_clip: float):
+def _step_forward(input_gates, recurrent_gates, cell, active, cell_clip: float, keep_gates: bool):
     """`lstm_cell` on the sum of the input and recurrent parts of the gates, in fp32: the gates (kept for the
-    backward), the new cell (changed only where `active`) and the cell's output in the matmul dtype."""
+    backward; None without `keep_gates`, so that inference writes none), the new cell (changed only where `active`)
+    and the cell's output in the matmul dtype."""
     gates = input_gates.float() + recurrent_gates.float()
     new_cell, cell_output = lstm_cell(gates, cell, cell_clip)
     if active is not None:
         new_cell = torch.where(active, new_cell, cell)
-    return gates, new_cell, cell_output.to(recurrent_gates.dtype)
+    return gates if keep_gates else None, new_cell, cell_output.to(recurrent_gates.dtype)
 
 
 @_compiled
@@ -236,18 +247,20 @@ class ClippedLstmRecurrence(torch.autograd.Function):
         outputs = input_gates.new_zeros(*input_gates.shape[:3], projection.shape[-1], dtype=torch.float32)
         final_cell, final_hidden = cell.clone(), hidden.clone()
         saved = {"gates": [], "cells": [], "hiddens": [], "cell_outputs": [], "projected": []}
+        training = any(ctx.needs_input_grad)
         for t, rows in enumerate(schedule):
             if rows == 0:
                 break
             step_active = None if active is None else active[t, :, :rows]
             cell, hidden = cell[:, :rows], hidden[:, :rows]
             gates, new_cell, cell_output = _step_forward(
-                input_gates[t, :, :rows], torch.bmm(hidden, recurrent), cell, step_active, cell_clip
+                input_gates[t, :, :rows], torch.bmm(hidden, recurrent), cell, step_active, cell_clip, training
             )
             projected = torch.bmm(cell_output, projection)
             new_hidden, outputs[t, :, :rows] = _projection_forward(projected, hidden, step_active, proj_clip)
-            for name, value in zip(saved, (gates, cell, hidden, cell_output, projected)):
-                saved[name].append(value)
+            if training:
+                for name, value in zip(saved, (gates, cell, hidden, cell_output, projected)):
+                    saved[name].append(value)
             cell, hidden = new_cell, new_hidden
             # Rows whose last step this was keep this state as their final one.
             done = schedule[t + 1] if t + 1 < len(schedule) else 0
@@ -255,7 +268,7 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             final_hidden[:, done:rows] = hidden[:, done:]
         ctx.steps = len(saved["gates"])
         ctx.schedule, ctx.clips, ctx.input_dtype = schedule, (cell_clip, proj_clip), input_gates.dtype
-        if any(ctx.needs_input_grad):  # inference keeps nothing
+        if training:  # inference keeps nothing
             ctx.save_for_backward(active, recurrent, projection, *(v for values in saved.values() for v in values))
         return outputs, final_cell, final_hidden
 
@@ -317,7 +330,8 @@ def recurrence_layer(layers, inputs, cell, hidden, active=None, rows_at=None):
     first = layers[0]
     dtype = matmul_dtype(inputs)
     stacked = lambda name: torch.stack([getattr(layer, name).weight for layer in layers]).to(dtype)  # noqa: E731
-    bias = fold_forget_bias(torch.stack([layer.input_proj.bias for layer in layers]).float())
+    # The largest activation, kept in the matmul dtype as nn.Linear's output would be (the steps add it in fp32).
+    bias = fold_forget_bias(torch.stack([layer.input_proj.bias for layer in layers]).float()).to(dtype)
     input_gates = torch.einsum("tdrp,dgp->tdrg", inputs.to(dtype), stacked("input_proj")) + bias[None, :, None]
     recurrent = stacked("recurrent_proj").transpose(1, 2)
     if isinstance(first.output_proj, torch.nn.Linear):

@@ -816,3 +816,34 @@ def test_the_device_paths_copy_nothing_between_host_and_device(implementation):
             hidden = model.elmo.eval()(ids, output_hidden_states=True).hidden_states
     assert recorded.calls == []
     assert hidden[-1].device.type == "meta" and hidden[-1].shape == (3, 3, 16)
+
+
+def test_the_compiled_steps_do_not_recompile_for_new_row_counts_or_lengths(monkeypatch):
+    # Compiled on the CPU with the "eager" backend, which guards and recompiles as inductor does on a GPU. After one
+    # training batch and one evaluation batch, batches of other row counts and padded lengths compile nothing more
+    # (before sizes were symbolic, each new row count or length recompiled every kernel). Batches of one sentence
+    # are left out: Dynamo specialises a size of 1, so the first such batch compiles once more.
+    from hf_elmo import elmo_ops
+
+    monkeypatch.setattr(elmo_ops, "COMPILED_DEVICE_TYPES", ("cpu", "cuda"))
+    monkeypatch.setattr(elmo_ops, "COMPILE_BACKEND", "eager")
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]
+    model = make_model(seed=5)
+
+    def train_on(lengths, seed):
+        run(model.train(), make_batch(lengths, seed=seed), "cuda").last_hidden_state.sum().backward()
+
+    def evaluate(lengths, seed):
+        with torch.no_grad():
+            run(model.eval(), make_batch(lengths, seed=seed), "cuda")
+
+    train_on([5, 3, 4], 0)
+    evaluate([4, 2, 7, 1, 3], 1)
+    warm = graphs["unique_graphs"]
+    for seed, lengths in enumerate([[9, 2, 7, 1], [6, 6], [3, 8, 1, 2, 5, 2, 2], [2, 11]]):
+        train_on(lengths, seed)
+    evaluate([10, 3], 7)
+    evaluate([2, 2, 2, 2, 2, 2, 2, 2], 8)
+    assert graphs["unique_graphs"] == warm
+    torch._dynamo.reset()
