@@ -2,14 +2,16 @@
 """Pretraining throughput of ELMo on real running text, and of its data pipeline alone. Prints one JSON line.
 
     python benchmarks/bench_pretrain.py [--device cpu|cuda] [--config small|original] [--text FILE]
-        [--batch-size 128] [--mixed-precision bf16|no] [--steps 10] [--num-workers 2]
+        [--batch-size 128] [--mixed-precision bf16|no] [--steps 10] [--num-workers 2] [--vocab-size N]
 
-The workload is the training step of `hf-elmo-pretrain` (bilm-tf's recipe: sampled softmax with 8192 log-uniform
-negatives, Adagrad lr 0.2, global-norm clipping at 10, dropout 0.1) through Accelerate, on the published shapes
-(`small` 2x1024_128_2048cnn_1xhighway, `original` 2x4096_512_2048cnn_2xhighway), with a vocabulary counted from
-the text. The text (default: the Wikipedia sample of `hf_elmo.testing_utils`, 4000 sentences, fetched once with
-pip) goes through the same stream and DataLoader workers as in training. Tokens are what the LMs predict: words +
-one `</S>` per sentence.
+The timed step is `hf-elmo pretrain`'s own: a `PretrainingRun` (bilm-tf's recipe: sampled softmax with 8192
+log-uniform negatives, Adagrad lr 0.2 with sparse softmax gradients, gradient x 20, global-norm clipping at 10,
+dropout 0.1) and its `optimizer_step`, with its length buckets, DataLoader workers and one read of the gradient
+norm per step, on the published shapes (`small` 2x1024_128_2048cnn_1xhighway, `original`
+2x4096_512_2048cnn_2xhighway), with a vocabulary counted from the text; `--vocab-size N` pads it with stand-in
+words to N (793471 for bilm-tf's 1B Word softmax). The text (default: the Wikipedia sample of
+`hf_elmo.testing_utils`, 4000 sentences, fetched once with pip) goes through the same stream and DataLoader
+workers as in training. Tokens are what the LMs predict: words + one `</S>` per sentence.
 
 - `tokens_per_s`: `--steps` optimizer steps after `--warmup-steps`, timed end to end (data included).
 - `split_s_per_step`: a separate profiling pass with a synchronisation at each section's edges (so its total is a
@@ -38,9 +40,9 @@ import torch
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
-from hf_elmo.configuration_elmo import ElmoConfig  # noqa: E402
 from hf_elmo.elmo_implementations import implementation_name  # noqa: E402
-from hf_elmo.modeling_elmo import ElmoForPreTraining  # noqa: E402
+from hf_elmo.pretraining import LossWindow, PretrainingRun, clip_gradient_norm  # noqa: E402
+from hf_elmo.pretraining_args import parse_args as parse_pretraining_args  # noqa: E402
 from hf_elmo.pretraining_data import (  # noqa: E402
     BatchEncoder,
     PretrainingBatches,
@@ -110,6 +112,21 @@ def encode_rates(tokenizer, encoder: BatchEncoder, settings: dict, batches: int 
     return rates
 
 
+def pretraining_run(args, text: str, vocab_words: list[str], workdir: str):
+    """`hf-elmo pretrain`'s own `PretrainingRun` on `text` with bilm-tf's recipe (Adagrad 0.2, 8192 negatives,
+    dropout 0.1, clipping at 10, gradient x 20), writing nothing but into `workdir`."""
+    vocab_file = write_vocab(vocab_words, os.path.join(workdir, "bench-vocab.txt"))
+    argv = [
+        "--train-files", text, "--vocab", vocab_file, "--config", args.config,
+        "--output-dir", os.path.join(workdir, "run"), "--max-steps", str(10**9), "--batch-size", str(args.batch_size),
+        "--num-workers", str(args.num_workers), "--mixed-precision", args.mixed_precision, "--seed", "0",
+        "--report-to", "none", "--logging-steps", str(10**9), "--save-steps", str(10**9),
+    ]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    return PretrainingRun(parse_pretraining_args(argv))
+
+
 class Sections:
     """
     Wall-clock time of the char CNN, biLSTM and softmax, forward and backward: forward hooks on the char encoder
@@ -176,18 +193,27 @@ def main():
                         help="epochs of the text read by the pipeline-only measure (default: %(default)s)")
     parser.add_argument("--pipeline-only", action="store_true", help="measure the data pipeline alone, no model")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on cpu (default: torch's)")
+    parser.add_argument("--vocab-size", type=int, default=None, metavar="N",
+                        help="pad the text's vocabulary with stand-in words to N (793471: bilm-tf's 1B Word softmax)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is available")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from accelerate import Accelerator
+    if args.device == "cpu":
+        os.environ["ACCELERATE_USE_CPU"] = "1"  # PretrainingRun's Accelerator stays on the CPU
 
     text = args.text or str(english_text_sample())
     splitter = WordSplitter("ptb")
     files = resolve_shards([text], what="--text", split_words=splitter)
+    vocab_words = build_vocab(count_words(files, splitter))
+    if args.vocab_size:
+        if args.vocab_size < len(vocab_words):
+            parser.error(f"--vocab-size {args.vocab_size} is below the text's own vocabulary ({len(vocab_words)})")
+        # Words no sentence holds: the softmax has the size of a large vocabulary, the text stays real.
+        vocab_words += [f"<stand-in-{i}>" for i in range(args.vocab_size - len(vocab_words))]
     with tempfile.TemporaryDirectory() as workdir:
-        vocab_file = write_vocab(build_vocab(count_words(files, splitter)), os.path.join(workdir, "vocab.txt"))
+        vocab_file = write_vocab(vocab_words, os.path.join(workdir, "vocab.txt"))
         tokenizer = ElmoTokenizer(vocab_file=vocab_file)
     encoder = BatchEncoder.from_tokenizer(tokenizer)
     settings = dict(files=files, split_words=splitter, batch_size=args.batch_size, seed=0, shuffle_window=100_000,
@@ -210,78 +236,61 @@ def main():
         }))
         return
 
-    accelerator = Accelerator(mixed_precision=args.mixed_precision, cpu=args.device == "cpu")
-    device = accelerator.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    torch.manual_seed(0)
-    config = ElmoConfig.from_preset(
-        args.config, vocab_size=tokenizer.word_vocab_size, bos_word_id=tokenizer.bos_word_index,
-        eos_word_id=tokenizer.eos_word_index, num_softmax_samples=8192, lm_dropout=0.1,
-    )
-    model = ElmoForPreTraining(config)
-    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.2, initial_accumulator_value=1.0)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    model.train()
-    batches = iter(loader(settings, encoder, args.num_workers, pin=device.type == "cuda"))
+    with tempfile.TemporaryDirectory() as workdir:
+        run = pretraining_run(args, text, vocab_words, workdir)
+        accelerator, device = run.accelerator, run.accelerator.device
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        run.start_batches()
+        run.model.train()
+        window = LossWindow(device)
+        # The timed steps are hf-elmo pretrain's own: PretrainingRun.optimizer_step (its batches, length buckets,
+        # loss scale, clipping and the one read of the gradient norm per step).
+        for _ in range(args.warmup_steps):
+            run.optimizer_step(window)
+        sync()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        window = LossWindow(device)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            run.optimizer_step(window)
+        sync()
+        elapsed = time.perf_counter() - start
+        tokens = window.tokens
+        tokens_per_s = tokens / elapsed
+        peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mib()
 
-    def next_batch():
-        item = next(batches)
-        if "error" in item:
-            raise SystemExit(item["error"])
-        del item["stream_position"]
-        tokens = item.pop("num_tokens")
-        return {k: v.to(device, non_blocking=True) for k, v in item.items()}, tokens
-
-    def step(batch):
-        outputs = model(**batch)
-        accelerator.backward(outputs.loss)
-        accelerator.clip_grad_norm_(model.parameters(), 10.0)
-        optimizer.step()
-        optimizer.zero_grad()
-
-    for _ in range(args.warmup_steps):
-        step(next_batch()[0])
-    sync()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    start, tokens = time.perf_counter(), 0
-    for _ in range(args.steps):
-        batch, count = next_batch()
-        step(batch)
-        tokens += count
-    sync()
-    elapsed = time.perf_counter() - start
-    tokens_per_s = tokens / elapsed
-    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mib()
-
-    # Profiling pass: the same steps with a synchronisation at every section edge.
-    sections = Sections(accelerator.unwrap_model(model), sync, args.device)
-    split = dict.fromkeys(("data", "char_cnn", "bilstm", "softmax", "optimizer"), 0.0)
-    for _ in range(args.profile_steps):
-        sync()
-        t0 = time.perf_counter()
-        batch, _ = next_batch()
-        sync()
-        t1 = time.perf_counter()
-        outputs = model(**batch)
-        sync()
-        t2 = time.perf_counter()
-        accelerator.backward(outputs.loss)
-        sync()
-        t3 = time.perf_counter()
-        accelerator.clip_grad_norm_(model.parameters(), 10.0)
-        optimizer.step()
-        optimizer.zero_grad()
-        sync()
-        t4 = time.perf_counter()
-        m = sections.marks
-        split["data"] += t1 - t0
-        split["char_cnn"] += (m["cnn_end"] - m["cnn_start"]) + (t3 - m.get("cnn_backward_start", t3))
-        split["bilstm"] += (m["bilstm_end"] - m["bilstm_start"]) + (
-            m.get("bilstm_backward_end", t3) - m.get("bilstm_backward_start", t3))
-        split["softmax"] += (t2 - m["bilstm_end"]) + (m.get("bilstm_backward_start", t3) - t2)
-        split["optimizer"] += t4 - t3
-    del batches
+        # Profiling pass: the step's parts run one by one, with a synchronisation at every section edge.
+        model, optimizer = run.model, run.optimizer
+        sections = Sections(accelerator.unwrap_model(model), sync, args.device)
+        split = dict.fromkeys(("data", "char_cnn", "bilstm", "softmax", "optimizer"), 0.0)
+        for _ in range(args.profile_steps):
+            sync()
+            t0 = time.perf_counter()
+            batch, _ = run.next_batch()
+            sync()
+            t1 = time.perf_counter()
+            outputs = model(**batch)
+            sync()
+            t2 = time.perf_counter()
+            accelerator.backward(outputs.loss * run.args.loss_scale)
+            sync()
+            t3 = time.perf_counter()
+            float(clip_gradient_norm(model.parameters(), run.args.max_grad_norm))
+            optimizer.step()
+            optimizer.zero_grad()
+            sync()
+            t4 = time.perf_counter()
+            m = sections.marks
+            split["data"] += t1 - t0
+            split["char_cnn"] += (m["cnn_end"] - m["cnn_start"]) + (t3 - m.get("cnn_backward_start", t3))
+            split["bilstm"] += (m["bilstm_end"] - m["bilstm_start"]) + (
+                m.get("bilstm_backward_end", t3) - m.get("bilstm_backward_start", t3))
+            split["softmax"] += (t2 - m["bilstm_end"]) + (m.get("bilstm_backward_start", t3) - t2)
+            split["optimizer"] += t4 - t3
+        sparse_softmax = bool(accelerator.unwrap_model(model).softmax.sparse)
+        run.batches = None  # stops the workers
+        del run, model, optimizer
 
     print(json.dumps({
         "benchmark": "pretrain",
@@ -292,6 +301,7 @@ def main():
         "mixed_precision": args.mixed_precision,
         "elmo_implementation": sections.implementation,
         "softmax_negatives": 8192,
+        "softmax_gradient": "sparse" if sparse_softmax else "dense",
         "steps": args.steps,
         **common,
         "tokens_per_s": round(tokens_per_s, 1),
