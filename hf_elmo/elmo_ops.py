@@ -174,7 +174,9 @@ def _compiled(function):
     `function`, compiled into one fused kernel for tensors on `COMPILED_DEVICE_TYPES` (eager elsewhere, and when
     already compiling). Sizes and strides are symbolic from the first call (`dynamic=True`): the row count (64 rows
     in evaluation, 128 in training, a short last batch) and a step's stride (the padded length) change between
-    batches, and each change would otherwise cost a recompilation.
+    batches, and each change would otherwise cost a recompilation. Not `fullgraph`: these are a few element-wise
+    lines that trace whole, and past Dynamo's recompile limit (views passed in still recompile on some changes of
+    their base and offset) a full-graph function raises, where this one runs eagerly and warns.
     """
     compiled = {}
 
@@ -183,7 +185,7 @@ def _compiled(function):
         if args[0].device.type not in COMPILED_DEVICE_TYPES or torch.compiler.is_compiling():
             return function(*args)
         if COMPILE_BACKEND not in compiled:
-            compiled[COMPILE_BACKEND] = torch.compile(function, fullgraph=True, dynamic=True, backend=COMPILE_BACKEND)
+            compiled[COMPILE_BACKEND] = torch.compile(function, dynamic=True, backend=COMPILE_BACKEND)
         return compiled[COMPILE_BACKEND](*args)
 
     return run

@@ -266,3 +266,28 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+class HostDataReads(torch.overrides.TorchFunctionMode):
+    """Records every call that moves data between the host and a device: a tensor built from Python or numpy
+    data, a host tensor moved to a device, or a device value read back. On a GPU each is a copy that waits for
+    the device, and it stops a CUDA graph from being captured. Work on host tensors alone is not recorded."""
+
+    FACTORIES = {torch.tensor, torch.as_tensor, torch.from_numpy, torch.asarray}
+    READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        first = args[0] if args else None
+        on_device = isinstance(first, torch.Tensor) and first.device.type != "cpu"
+        result = func(*args, **(kwargs or {}))
+        moved_out = (isinstance(first, torch.Tensor) and not on_device and isinstance(result, torch.Tensor)
+                     and result.device.type != "cpu")
+        if (func in self.FACTORIES and not isinstance(first, torch.Tensor)) or (name in self.READS and on_device) \
+                or moved_out:
+            self.calls.append(name)
+        return result

@@ -172,3 +172,28 @@ def test_pretraining_recipe_compares_two_revisions_on_the_same_data(tmp_path):
         # Untrained, both are near uniform over the vocabulary; the sides' initialisations differ.
         assert all(10_000 < p < 30_000 for p in run["forward_perplexity"][:1] + run["backward_perplexity"][:1])
     assert result["sides"]["current"]["forward_perplexity"] != result["sides"]["baseline"]["forward_perplexity"]
+
+
+def test_gpu_report_smoke_runs_every_section_on_the_cpu():
+    # The GPU report's own code, tiny shapes on the CPU: every section runs and reports real values.
+    command = [sys.executable, str(BENCHMARKS / "gpu_report.py"), "--smoke"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    sections = report["sections"]
+    assert list(sections) == ["environment", "cuda_tests", "exactness", "host_syncs", "recompiles", "profiled_step",
+                              "pretraining", "inference"]
+    assert not [name for name, section in sections.items() if "error" in section], sections
+    assert sections["environment"]["versions"]["torch"] == __import__("torch").__version__
+    assert sections["cuda_tests"]["returncode"] == 0 and "skipped" in sections["cuda_tests"]["summary"]
+    fp32 = sections["exactness"]["fp32"]
+    assert fp32["within_targets"] and fp32["outputs_max_abs_diff"] <= 1e-5
+    assert sections["exactness"]["bf16_cuda_no_worse_than_reference"]
+    assert sections["host_syncs"]["synchronizing_calls"] == 0 and sections["host_syncs"]["steps"] == 2
+    assert sections["recompiles"]["graphs_after_warm_up"] > 0 and sections["recompiles"]["backend"] == "eager"
+    assert sections["profiled_step"]["aten_ops"] > 100
+    runs = sections["pretraining"]["runs"]
+    assert [run.get("vocab_size") for run in runs][1] == 40000 and all(run["tokens_per_s"] > 0 for run in runs)
+    assert all(run["softmax_gradient"] == "sparse" for run in runs)
+    assert [run["dtype"] for run in sections["inference"]["runs"]] == ["fp32", "bf16"]

@@ -21,6 +21,7 @@ from hf_elmo import cpu_tuning, elmo_cpu
 from hf_elmo.cpu_tuning import few_column_matmul
 from hf_elmo import modeling_elmo
 from hf_elmo.modeling_elmo import ELMO_IMPLEMENTATIONS, ElmoModel, elmo_implementation_for
+from hf_elmo.testing_utils import HostDataReads
 
 
 # The implementations held to the reference.
@@ -770,31 +771,6 @@ def test_fixed_cpu_tuning_measures_nothing_and_gives_the_same_function(model, mo
     # Every choice was made, and each is the plain one: no row blocks, exactly the rows still reading.
     assert cpu_tuning._PRODUCTS and set(cpu_tuning._PRODUCTS.values()) == {(1, 0.0)}
     assert cpu_tuning._STEP_COLUMNS and all(columns == key[-3] for key, columns in cpu_tuning._STEP_COLUMNS.items())
-
-
-class HostDataReads(torch.overrides.TorchFunctionMode):
-    """Records every call that moves data between the host and a device: a tensor built from Python or numpy
-    data, a host tensor moved to a device, or a device value read back. On a GPU each is a copy that waits for
-    the device, and it stops a CUDA graph from being captured. Work on host tensors alone is not recorded."""
-
-    FACTORIES = {torch.tensor, torch.as_tensor, torch.from_numpy, torch.asarray}
-    READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__"}
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", str(func))
-        first = args[0] if args else None
-        on_device = isinstance(first, torch.Tensor) and first.device.type != "cpu"
-        result = func(*args, **(kwargs or {}))
-        moved_out = (isinstance(first, torch.Tensor) and not on_device and isinstance(result, torch.Tensor)
-                     and result.device.type != "cpu")
-        if (func in self.FACTORIES and not isinstance(first, torch.Tensor)) or (name in self.READS and on_device) \
-                or moved_out:
-            self.calls.append(name)
-        return result
 
 
 @pytest.mark.parametrize("implementation", ["reference", "cuda"])

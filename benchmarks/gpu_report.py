@@ -1,0 +1,381 @@
+#!/usr/bin/env python
+"""Everything a GPU can tell us about hf_elmo, in one command and one JSON object (issue 26).
+
+    python benchmarks/gpu_report.py --text FILE [--budget-s 520]   # on a machine with one CUDA GPU
+    python benchmarks/gpu_report.py --smoke                        # the same code on the CPU, tiny shapes
+
+Needs only the repository and its dependencies (torch, transformers, accelerate; no `datasets`, no network):
+`--text` is one sentence per line of real running text, carried with the repository (the default, the Wikipedia
+sample of `hf_elmo.testing_utils`, is fetched with pip and so needs the network or a warm cache). Sections, in
+order, each with its wall time; one that fails records its error and the report goes on; once `--budget-s` is
+spent the rest are listed as skipped:
+
+- `environment`: versions, the GPU, the commit.
+- `cuda_tests`: the suite's CUDA tests (`pytest -k cuda` on the implementation and golden tests).
+- `exactness`: the "cuda" implementation against the reference at real shapes (original, 128 rows, 22-30 words):
+  outputs and every parameter's gradient in fp32 with TF32 off; in bf16, each implementation's error against
+  fp32 (the cuda one must be no worse than the reference's).
+- `host_syncs`: over 5 training steps of `ElmoForPreTraining` (sampled softmax, forward, backward, clipping,
+  Adagrad): CUDA's sync debug mode counts the synchronising calls (on the CPU: host-data reads, as the tests do).
+  `hf-elmo pretrain` adds one read per step on purpose (the gradient norm).
+- `recompiles`: torch.compile graphs of the recurrence after warm-up, and how many more over batches of other
+  lengths and row counts and an evaluation (0 is the target).
+- `profiled_step`: one steady-state training step under torch.profiler: kernels launched, GPU busy fraction,
+  and the biLSTM forward's host time against the step's device time.
+- `pretraining`: `bench_pretrain.py` (hf-elmo pretrain's own step), small and original, bf16, 128 sentences, at
+  the text's vocabulary and at 793,471 words (bilm-tf's 1B Word softmax), with peak memory.
+- `inference`: `bench_inference.py`, small and original, batches 64 and 256, fp32 and bf16, with the largest
+  difference from the reference implementation. The AllenNLP peer runs on the CPU only, so it is not compared.
+
+`--smoke` runs every section on the CPU with tiny shapes and a few steps (the test suite runs it, so that the
+report cannot rot); its figures mean nothing.
+"""
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.join(REPO_ROOT, "benchmarks")
+sys.path.insert(0, REPO_ROOT)
+sys.path.insert(0, BENCHMARKS)
+
+import torch  # noqa: E402
+
+from bench_utils import machine_description  # noqa: E402
+from hf_elmo import elmo_ops  # noqa: E402
+from hf_elmo.configuration_elmo import ElmoConfig  # noqa: E402
+from hf_elmo.modeling_elmo import ElmoForPreTraining, ElmoModel  # noqa: E402
+from hf_elmo.pretraining import clip_gradient_norm  # noqa: E402
+from hf_elmo.testing_utils import HostDataReads  # noqa: E402
+from hf_elmo.tokenization_elmo import ElmoTokenizer  # noqa: E402
+from workload import synthetic_sentences  # noqa: E402
+
+
+BILM_TF_1B_WORD_VOCAB = 793471
+TINY = dict(char_filters=[[1, 4], [2, 4], [3, 8]], n_highway=1, char_embedding_dim=4, lstm_dim=24, projection_dim=8,
+            cell_clip=3.0, proj_clip=3.0, num_lstm_layers=2)
+
+
+class Setting:
+    """The shapes and device of a report: real ones on a GPU, tiny ones on the CPU for `--smoke`."""
+
+    def __init__(self, args):
+        self.smoke, self.text = args.smoke, args.text
+        self.device = torch.device("cpu" if args.smoke else "cuda")
+        self.rows = 4 if args.smoke else 128
+        self.words = (3, 6) if args.smoke else (22, 30)
+        self.vocab_size, self.samples = (300, 64) if args.smoke else (16384, 8192)
+        self.steps = 2 if args.smoke else 5
+
+    def config(self, **extra) -> ElmoConfig:
+        if self.smoke:
+            return ElmoConfig(**TINY, **extra)
+        return ElmoConfig.from_preset("original", **extra)
+
+    def batch(self, rows: int | None = None, words: tuple[int, int] | None = None, seed: int = 0):
+        """Char ids and attention mask of `rows` sentences of `words[0]`..`words[1]` words (the synthetic workload's
+        words, cut to length), and random word labels."""
+        rows, (low, high) = rows or self.rows, words or self.words
+        sentences = synthetic_sentences(rows, seed=seed + 1)
+        sentences = [(s * 8)[: low + (i * 7919 + seed) % (high - low + 1)] for i, s in enumerate(sentences)]
+        encoded = ElmoTokenizer()(sentences, is_split_into_words=True, padding=True, return_tensors="pt")
+        generator = torch.Generator().manual_seed(seed)
+        labels = torch.randint(0, self.vocab_size, encoded["attention_mask"].shape, generator=generator)
+        labels = labels.masked_fill(encoded["attention_mask"] == 0, -100)
+        to = lambda t: t.to(self.device)  # noqa: E731
+        return to(encoded["input_ids"]), to(encoded["attention_mask"]), to(labels)
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def exact_fp32():
+    """fp32 matmuls in fp32 (no TF32), as the fidelity bar is stated."""
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
+def max_abs(a, b) -> float:
+    return max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b))
+
+
+def pretraining_model(setting: Setting, seed: int = 0) -> ElmoForPreTraining:
+    torch.manual_seed(seed)
+    config = setting.config(vocab_size=setting.vocab_size, num_softmax_samples=setting.samples, lm_dropout=0.0)
+    model = ElmoForPreTraining(config).to(setting.device).train()
+    model.set_elmo_implementation("cuda")
+    return model
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sections
+# ---------------------------------------------------------------------------------------------------------------
+def environment(setting: Setting) -> dict:
+    versions = {"python": sys.version.split()[0]}
+    for name in ("torch", "transformers", "accelerate", "tokenizers", "safetensors", "triton"):
+        try:
+            versions[name] = importlib.import_module(name).__version__
+        except ImportError:
+            versions[name] = None
+    commit = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return {
+        "commit": commit.stdout.strip() or None, "versions": versions, "cuda": torch.version.cuda,
+        "machine": machine_description(setting.device.type),
+    }
+
+
+def cuda_tests(setting: Setting) -> dict:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "cuda",
+               "tests/test_implementations.py", "tests/test_golden.py"]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    return {"command": " ".join(command[2:]), "returncode": done.returncode, "summary": lines[-1] if lines else "",
+            "failures": [line for line in lines if line.startswith(("FAILED", "ERROR"))]}
+
+
+def exactness(setting: Setting) -> dict:
+    torch.manual_seed(0)
+    model = ElmoModel(setting.config()).to(setting.device).train()
+    ids, mask, _ = setting.batch(seed=1)
+    weights = None
+    result = {"rows": int(ids.shape[0]), "words": list(setting.words)}
+
+    def run(implementation, autocast_dtype=None):
+        nonlocal weights
+        model.set_elmo_implementation(implementation)
+        model.zero_grad()
+        context = (torch.autocast(setting.device.type, dtype=autocast_dtype) if autocast_dtype
+                   else contextlib.nullcontext())
+        with context:
+            out = model(ids, attention_mask=mask, output_hidden_states=True, return_lstm_state=True)
+        if weights is None:
+            generator = torch.Generator().manual_seed(2)
+            weights = [torch.randn(h.shape, generator=generator).to(setting.device) for h in out.hidden_states]
+        loss = sum((h.float() * w).sum() for h, w in zip(out.hidden_states, weights))
+        loss.backward()
+        return out, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    with exact_fp32():
+        (reference, reference_grads), (cuda, cuda_grads) = run("reference"), run("cuda")
+        worst = max(reference_grads, key=lambda name: float((reference_grads[name] - cuda_grads[name]).abs().max())
+                    / max(1.0, float(reference_grads[name].abs().max())))
+        relative = float((reference_grads[worst] - cuda_grads[worst]).abs().max()) / max(
+            1.0, float(reference_grads[worst].abs().max()))
+        result["fp32"] = {
+            "outputs_max_abs_diff": max_abs(cuda.hidden_states, reference.hidden_states),
+            "state_max_abs_diff": max_abs(cuda.lstm_state, reference.lstm_state),
+            "gradient_max_relative_diff": relative, "gradient_worst_parameter": worst,
+        }
+        result["fp32"]["within_targets"] = (result["fp32"]["outputs_max_abs_diff"] <= 1e-5 and relative <= 1e-4)
+        truth = reference.hidden_states
+        errors = {}
+        for implementation in ("reference", "cuda"):
+            with torch.no_grad():
+                model.eval()
+                model.set_elmo_implementation(implementation)
+                with torch.autocast(setting.device.type, dtype=torch.bfloat16):
+                    errors[implementation] = max_abs(model(ids, attention_mask=mask,
+                                                           output_hidden_states=True).hidden_states, truth)
+                model.train()
+    result["bf16_max_abs_error_against_fp32"] = errors
+    result["bf16_cuda_no_worse_than_reference"] = errors["cuda"] <= errors["reference"]
+    return result
+
+
+def training_step(model, optimizer, batch):
+    ids, mask, labels = batch
+    (model(ids, attention_mask=mask, labels=labels).loss * 20).backward()
+    clip_gradient_norm(model.parameters(), 10.0)
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def host_syncs(setting: Setting) -> dict:
+    model = pretraining_model(setting)
+    model.softmax.sparse = True
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.2, initial_accumulator_value=1.0)
+    batches = [setting.batch(seed=s) for s in range(setting.steps + 1)]
+    training_step(model, optimizer, batches[0])  # warm-up: compilation and first allocations
+    setting.synchronize()
+    if setting.device.type == "cuda":
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for batch in batches[1:]:
+                    training_step(model, optimizer, batch)
+                setting.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        messages = sorted({str(w.message).splitlines()[0][:160] for w in caught})
+        return {"steps": setting.steps, "synchronizing_calls": len(caught), "kinds": messages, "how": "cuda sync debug"}
+    with HostDataReads() as recorded:
+        for batch in batches[1:]:
+            training_step(model, optimizer, batch)
+    return {"steps": setting.steps, "synchronizing_calls": len(recorded.calls), "kinds": sorted(set(recorded.calls)),
+            "how": "host-data reads (TorchFunctionMode)"}
+
+
+def recompiles(setting: Setting) -> dict:
+    saved = elmo_ops.COMPILED_DEVICE_TYPES, elmo_ops.COMPILE_BACKEND
+    if setting.smoke:  # trace and guard on the CPU as inductor would on a GPU, without generating code
+        elmo_ops.COMPILED_DEVICE_TYPES, elmo_ops.COMPILE_BACKEND = ("cpu", "cuda"), "eager"
+    try:
+        torch._dynamo.reset()
+        graphs = torch._dynamo.utils.counters["stats"]
+        model = pretraining_model(setting)
+        optimizer = torch.optim.Adagrad(model.parameters(), lr=0.2, initial_accumulator_value=1.0)
+        low, high = setting.words
+        training_step(model, optimizer, setting.batch(seed=0))
+        with torch.no_grad():
+            model.eval()(*setting.batch(rows=max(2, setting.rows // 2), seed=1))
+        warm = graphs["unique_graphs"]
+        model.train()
+        for seed, (rows, words) in enumerate([(setting.rows, (low, low + 1)), (setting.rows - 1, (high, high + 3)),
+                                              (max(2, setting.rows // 3), (low + 2, high))], start=2):
+            training_step(model, optimizer, setting.batch(rows=rows, words=words, seed=seed))
+        with torch.no_grad():
+            model.eval()(*setting.batch(rows=max(2, setting.rows // 2) + 1, words=(low, high + 5), seed=9))
+        return {"graphs_after_warm_up": warm, "recompiles_after_warm_up": graphs["unique_graphs"] - warm,
+                "backend": elmo_ops.COMPILE_BACKEND}
+    finally:
+        elmo_ops.COMPILED_DEVICE_TYPES, elmo_ops.COMPILE_BACKEND = saved
+        torch._dynamo.reset()
+
+
+def profiled_step(setting: Setting) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    model = pretraining_model(setting)
+    model.softmax.sparse = True
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.2, initial_accumulator_value=1.0)
+    batches = [setting.batch(seed=s) for s in range(3)]
+    for batch in batches[:2]:
+        training_step(model, optimizer, batch)
+    marks = {}
+    bilstm = model.elmo.bilstm
+    hooks = [bilstm.register_forward_pre_hook(lambda *_: marks.__setitem__("start", time.perf_counter())),
+             bilstm.register_forward_hook(lambda *_: marks.__setitem__("end", time.perf_counter()))]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if setting.device.type == "cuda" else [])
+    setting.synchronize()
+    start = time.perf_counter()
+    with profile(activities=activities) as profiler:
+        training_step(model, optimizer, batches[2])
+        setting.synchronize()
+    wall = time.perf_counter() - start
+    for hook in hooks:
+        hook.remove()
+    events = profiler.events()
+    result = {"step_wall_s": round(wall, 4), "bilstm_forward_host_s": round(marks["end"] - marks["start"], 4)}
+    if setting.device.type == "cuda":
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        device_s = sum(e.device_time for e in kernels) / 1e6
+        result.update(kernels_launched=len(kernels), device_busy_s=round(device_s, 4),
+                      gpu_busy_fraction=round(device_s / wall, 3))
+    else:
+        result["aten_ops"] = sum(1 for e in events if e.name.startswith("aten::"))
+    return result
+
+
+def benchmark_lines(script: str, runs: list[list[str]]) -> list[dict]:
+    """Run `script` once per argument list; each run's JSON line (machine description dropped), or its error."""
+    lines = []
+    for extra in runs:
+        done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *extra], cwd=REPO_ROOT,
+                              capture_output=True, text=True)
+        if done.returncode:
+            lines.append({"args": extra, "error": (done.stderr.strip().splitlines() or ["(no output)"])[-1]})
+            continue
+        line = json.loads(done.stdout.strip().splitlines()[-1])
+        line.pop("machine", None)
+        lines.append({"args": extra, **line})
+    return lines
+
+
+def pretraining(setting: Setting) -> dict:
+    text = ["--text", setting.text] if setting.text else []
+    if setting.smoke:
+        common = ["--device", "cpu", "--batch-size", "4", "--steps", "1", "--warmup-steps", "1", "--profile-steps",
+                  "1", "--num-workers", "0", "--pipeline-epochs", "1", "--mixed-precision", "no", *text]
+        runs = [["--config", "small", *common], ["--config", "small", "--vocab-size", "40000", *common]]
+    else:
+        common = ["--device", "cuda", "--batch-size", "128", "--steps", "20", "--warmup-steps", "5",
+                  "--mixed-precision", "bf16", *text]
+        runs = [[*config, *vocab, *common] for config in (["--config", "small"], ["--config", "original"])
+                for vocab in ([], ["--vocab-size", str(BILM_TF_1B_WORD_VOCAB)])]
+    keep = ("config", "vocab_size", "softmax_gradient", "tokens_per_s", "peak_memory_mib", "split_s_per_step",
+            "error", "args")
+    return {"runs": [{k: v for k, v in line.items() if k in keep} for line in benchmark_lines("bench_pretrain.py",
+                                                                                             runs)]}
+
+
+def inference(setting: Setting) -> dict:
+    text = ["--text", setting.text] if setting.text else []
+    if setting.smoke:
+        from hf_elmo.testing_utils import bilm_tf_fixture_dir
+
+        fixture = bilm_tf_fixture_dir()
+        weights = ["--options", str(fixture / "options.json"), "--weights", str(fixture / "lm_weights.hdf5")]
+        runs = [[*weights, "--device", "cpu", "--dtype", dtype, "--n-sentences", "4", "--batch-size", "2",
+                 "--repeats", "1", *text] for dtype in ("fp32", "bf16")]
+    else:
+        runs = [["--config", config, "--device", "cuda", "--dtype", dtype, "--batch-size", str(batch),
+                 "--n-sentences", str(4 * batch), *text]
+                for config in ("small", "original") for batch in (64, 256) for dtype in ("fp32", "bf16")]
+    lines = benchmark_lines("bench_inference.py", runs)
+    return {"runs": lines, "allennlp_peer": "not compared: benchmarks/allennlp_peer.py runs on the CPU only"}
+
+
+SECTIONS = {
+    "environment": environment, "cuda_tests": cuda_tests, "exactness": exactness, "host_syncs": host_syncs,
+    "recompiles": recompiles, "profiled_step": profiled_step, "pretraining": pretraining, "inference": inference,
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="every section on the CPU with tiny shapes")
+    parser.add_argument("--text", help="real running text, one sentence per line (default: the Wikipedia sample)")
+    parser.add_argument("--budget-s", type=float, default=520.0,
+                        help="seconds after which the remaining sections are skipped (default 520: under 9 minutes)")
+    parser.add_argument("--only", nargs="+", choices=list(SECTIONS), help="run these sections only")
+    args = parser.parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        parser.error("no CUDA device is available; --smoke runs the report's code on the CPU")
+    setting = Setting(args)
+    report, start = {"report": "gpu_report", "smoke": args.smoke, "sections": {}}, time.perf_counter()
+    for name, section in SECTIONS.items():
+        if args.only and name not in args.only:
+            continue
+        if time.perf_counter() - start > args.budget_s:
+            report["sections"][name] = {"skipped": f"the {args.budget_s:g} s budget was spent"}
+            continue
+        began = time.perf_counter()
+        try:
+            result = section(setting)
+        except Exception as error:  # a report records what failed and goes on
+            result = {"error": f"{type(error).__name__}: {error}"}
+        result["wall_s"] = round(time.perf_counter() - began, 1)
+        report["sections"][name] = result
+    report["wall_s"] = round(time.perf_counter() - start, 1)
+    print(json.dumps(report, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
