@@ -311,6 +311,14 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
         """
         return from_pretrained_checked(super().from_pretrained, *args, **kwargs)
 
+    def post_init(self):
+        super().post_init()
+        # DDP broadcasts every buffer at every training forward (a collective each time); the <S>/</S> char rows
+        # follow from the config and are the same everywhere, so it leaves them out.
+        self._ddp_params_and_buffers_to_ignore = [
+            name for name, _ in self.named_buffers() if name.rsplit(".", 1)[-1] == "boundary_char_ids"
+        ]
+
     def _init_weights(self, module):
         # Transformers' default (N(0, initializer_range), zero biases) is what the task heads keep. The biLM's
         # weights start as bilm-tf's do (bilm/training.py): with the default, its activations are ~100x smaller and
