@@ -14,10 +14,10 @@ words to N (793471 for bilm-tf's 1B Word softmax). The text (default: the Wikipe
 workers as in training. Tokens are what the LMs predict: words + one `</S>` per sentence.
 
 - `tokens_per_s`: `--steps` optimizer steps after `--warmup-steps`, timed end to end (data included).
-- `split_s_per_step`: a separate profiling pass with a synchronisation at each section's edges (so its total is a
-  little slower than the timed pass): data (waiting for the next batch and copying it to the device), char CNN,
-  biLSTM and softmax (forward + backward each; the softmax part is everything after the biLSTM, loss included),
-  optimizer (clipping and the update).
+- `split_s_per_step`: a separate profiling pass of the same `optimizer_step`, with hooks that synchronise at each
+  section's edges (so its total is a little slower than the timed pass): data (waiting for the next batch and
+  copying it to the device), char CNN, biLSTM and softmax (forward + backward each; the softmax part is everything
+  after the biLSTM, loss included), optimizer (clipping and the update).
 - `pipeline_tokens_per_s`: the data pipeline alone (read, split, shuffle, encode, nothing else), in the training
   process (`workers_0`) and with `--num-workers` workers, and its ratio to `tokens_per_s`.
 - `peak_memory_mib`: peak GPU memory allocated (cuda) or the process's peak RSS (cpu, VmHWM, which includes the
@@ -41,7 +41,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from hf_elmo.elmo_implementations import implementation_name  # noqa: E402
-from hf_elmo.pretraining import LossWindow, PretrainingRun, clip_gradient_norm  # noqa: E402
+from hf_elmo.pretraining import LossWindow, PretrainingRun  # noqa: E402
 from hf_elmo.pretraining_args import parse_args as parse_pretraining_args  # noqa: E402
 from hf_elmo.pretraining_data import (  # noqa: E402
     BatchEncoder,
@@ -129,18 +129,48 @@ def pretraining_run(args, text: str, vocab_words: list[str], workdir: str):
 
 class Sections:
     """
-    Wall-clock time of the char CNN, biLSTM and softmax, forward and backward: forward hooks on the char encoder
-    and the biLSTM (which compute with the chosen implementation inside their own forward) mark when each starts
-    and ends, and gradient hooks mark the backward.
+    Wall-clock time of a `PretrainingRun.optimizer_step`'s sections, each edge marked after a synchronisation:
+    waiting for the batch and copying it (the run's `next_batch`), the char CNN and the biLSTM forward (hooks on
+    the modules, which compute with the chosen implementation inside their own forward) and backward (gradient
+    hooks), the softmax and loss (the rest of the model's forward and the start of the backward), and the optimizer
+    (clipping and the update: from the char embeddings' gradient, the last one computed, to the end of the step).
     """
 
-    def __init__(self, model, sync, device):
+    def __init__(self, run, sync, device):
         self.sync, self.marks = sync, {}
+        model = run.accelerator.unwrap_model(run.model)
         self.implementation = implementation_name(model.config.elmo_implementation, torch.device(device))
+        model.register_forward_hook(lambda module, args, output: self.mark("forward_end"))
         model.elmo.char_encoder.register_forward_pre_hook(lambda module, args: self.mark("cnn_start"))
         model.elmo.char_encoder.register_forward_hook(self._after_char_encoder)
         model.elmo.bilstm.register_forward_pre_hook(self._before_bilstm)
         model.elmo.bilstm.register_forward_hook(self._after_bilstm)
+        model.get_input_embeddings().weight.register_post_accumulate_grad_hook(lambda p: self.mark("backward_end"))
+        optimizer = getattr(run.optimizer, "optimizer", run.optimizer)  # under Accelerate's wrapper
+        optimizer.register_step_post_hook(lambda *_: self.mark("update_end"))
+        next_batch = run.next_batch
+
+        def timed_next_batch():
+            self.mark("data_start")
+            batch = next_batch()
+            self.mark("data_end")
+            return batch
+
+        run.next_batch = timed_next_batch
+
+    def split(self) -> dict:
+        """The last step's seconds per section."""
+        m = self.marks
+        backward_end = m["backward_end"]
+        return {
+            "data": m["data_end"] - m["data_start"],
+            "char_cnn": (m["cnn_end"] - m["cnn_start"]) + (backward_end - m.get("cnn_backward_start", backward_end)),
+            "bilstm": (m["bilstm_end"] - m["bilstm_start"]) + (
+                m.get("bilstm_backward_end", backward_end) - m.get("bilstm_backward_start", backward_end)),
+            "softmax": (m["forward_end"] - m["bilstm_end"]) + (
+                m.get("bilstm_backward_start", backward_end) - m["forward_end"]),
+            "optimizer": m["update_end"] - backward_end,
+        }
 
     def mark(self, name):
         self.sync()
@@ -260,37 +290,16 @@ def main():
         tokens_per_s = tokens / elapsed
         peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mib()
 
-        # Profiling pass: the step's parts run one by one, with a synchronisation at every section edge.
-        model, optimizer = run.model, run.optimizer
-        sections = Sections(accelerator.unwrap_model(model), sync, args.device)
+        # Profiling pass: the same optimizer_step, its sections marked by hooks that synchronise at each edge.
+        sections = Sections(run, sync, args.device)
         split = dict.fromkeys(("data", "char_cnn", "bilstm", "softmax", "optimizer"), 0.0)
         for _ in range(args.profile_steps):
-            sync()
-            t0 = time.perf_counter()
-            batch, _ = run.next_batch()
-            sync()
-            t1 = time.perf_counter()
-            outputs = model(**batch)
-            sync()
-            t2 = time.perf_counter()
-            accelerator.backward(outputs.loss * run.args.loss_scale)
-            sync()
-            t3 = time.perf_counter()
-            float(clip_gradient_norm(model.parameters(), run.args.max_grad_norm))
-            optimizer.step()
-            optimizer.zero_grad()
-            sync()
-            t4 = time.perf_counter()
-            m = sections.marks
-            split["data"] += t1 - t0
-            split["char_cnn"] += (m["cnn_end"] - m["cnn_start"]) + (t3 - m.get("cnn_backward_start", t3))
-            split["bilstm"] += (m["bilstm_end"] - m["bilstm_start"]) + (
-                m.get("bilstm_backward_end", t3) - m.get("bilstm_backward_start", t3))
-            split["softmax"] += (t2 - m["bilstm_end"]) + (m.get("bilstm_backward_start", t3) - t2)
-            split["optimizer"] += t4 - t3
-        sparse_softmax = bool(accelerator.unwrap_model(model).softmax.sparse)
+            run.optimizer_step(window)
+            for name, seconds in sections.split().items():
+                split[name] += seconds
+        sparse_softmax = bool(accelerator.unwrap_model(run.model).softmax.sparse)
         run.batches = None  # stops the workers
-        del run, model, optimizer
+        del run
 
     print(json.dumps({
         "benchmark": "pretrain",
