@@ -25,6 +25,9 @@ Workload: --words FILE (one sentence per line, words separated by spaces, as `si
 real text) or --synthetic (the earlier 200-word-list workload). Char ids come from AllenNLP's own
 `ELMoCharacterMapper`, padded as its `batch_to_ids` pads them, once before timing.
 
+Device: `--device cpu` (default) or `cuda`, always fp32; the char ids are moved to the device before timing, as
+hf_elmo's side does, and on cuda the clock is read after a synchronisation and peak GPU memory is reported.
+
 Timing (`bench_utils.py`, the same code as hf_elmo's side): eval, no_grad; one untimed warm-up batch; then
 --repeats passes over the batches in order; tokens_per_s = words (no <S>/</S>, no padding) / the sum over
 batches of each batch's fastest pass. AllenNLP's biLM is stateful (each row's final LSTM state starts the
@@ -272,6 +275,8 @@ def main():
     source.add_argument("--synthetic", action="store_true", help="workload: the 200-word-list sentences")
     parser.add_argument("--n-sentences", type=int, default=64, help="with --synthetic: how many (default 64)")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where AllenNLP's biLM runs, always in fp32 (default cpu)")
     workload.add_timing_arguments(parser, repeats=5, wait_quiet=0.0)
     parser.add_argument("--wheel", help=f"a local {WHEEL_NAME} (default: fetched with pip, see above)")
     parser.add_argument("--weights-dir", help="where random weights are kept (default: random_bilm.py's)")
@@ -286,6 +291,11 @@ def main():
     import bench_utils  # torch: only once the peer's modules are installed
 
     torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("allennlp_peer: --device cuda, but torch sees no CUDA device")
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    synchronize = torch.cuda.synchronize if cuda else None
     from allennlp.modules.elmo import _ElmoBiLm
     from allennlp.nn.util import remove_sentence_boundaries
 
@@ -298,27 +308,33 @@ def main():
     sentences = workload.read_words(args.words) if args.words else workload.synthetic_sentences(args.n_sentences)
     groups = workload.batches(sentences, args.batch_size)
     start = time.perf_counter()
-    inputs = [char_ids(group) for group in groups]
+    inputs = [char_ids(group).to(device) for group in groups]  # on the device before timing, as hf_elmo's side
     char_ids_s = time.perf_counter() - start
 
     start = time.perf_counter()
-    bilm = _ElmoBiLm(options, weights, requires_grad=False).eval()
+    bilm = _ElmoBiLm(options, weights, requires_grad=False).to(device).eval()
     load_s = time.perf_counter() - start
-    parts = bench_utils.PartTimer()
+    parts = bench_utils.PartTimer(synchronize)
     parts.watch("char_cnn", bilm._token_embedder)
     parts.watch("lstm", bilm._elmo_lstm)
 
     bench_utils.release_freed_memory()
     rss_after_load = bench_utils.proc_status_mib("VmRSS")
     peak_restarted = bench_utils.reset_peak_rss()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     with torch.no_grad():
         timing = bench_utils.time_passes(lambda i: bilm(inputs[i]), len(inputs), args.repeats, parts,
-                                         wait_quiet_s=args.wait_quiet, before_pass=bilm._elmo_lstm.reset_states)
+                                         wait_quiet_s=args.wait_quiet, before_pass=bilm._elmo_lstm.reset_states,
+                                         synchronize=synchronize)
         peak_rss = bench_utils.proc_status_mib("VmHWM") if peak_restarted else None
+        memory = {"rss_after_load_mib": rss_after_load, "peak_rss_mib": peak_rss}
+        if cuda:
+            memory.update(bench_utils.gpu_memory_peaks())
         if args.save_first_batch:
             bilm._elmo_lstm.reset_states()
             output = bilm(inputs[0])
-            layers = [remove_sentence_boundaries(layer, output["mask"])[0] for layer in output["activations"]]
+            layers = [remove_sentence_boundaries(layer, output["mask"])[0].cpu() for layer in output["activations"]]
             torch.save({"layers": layers, "workload_sha1": workload.digest(sentences)}, args.save_first_batch)
 
     result = {
@@ -331,17 +347,16 @@ def main():
         "threads": args.threads,
         "repeats": args.repeats,
         "dtype": "fp32",
-        "device": "cpu",
+        "device": args.device,
         **bench_utils.summarize(timing, sum(len(s) for s in sentences)),
         "params": sum(p.numel() for p in bilm.parameters()),
         "load_s": round(load_s, 3),
         "char_ids_s": round(char_ids_s, 3),
-        "rss_after_load_mib": rss_after_load,
-        "peak_rss_mib": peak_rss,
+        **memory,
         "peak_rss_process_mib": bench_utils.process_peak_rss_mib(),
         "loadavg_after": os.getloadavg(),
         "overrides_version": _overrides_version(),
-        "machine": bench_utils.machine_description("cpu"),
+        "machine": bench_utils.machine_description(args.device),
     }
     print(json.dumps(result, ensure_ascii=False))
 

@@ -209,8 +209,7 @@ def main():
     peak_rss = bench_utils.proc_status_mib("VmHWM") if peak_restarted else None
     memory = {"rss_after_load_mib": rss_after_load, "peak_rss_mib": peak_rss}
     if cuda:
-        memory["peak_gpu_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
-        memory["peak_gpu_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
+        memory.update(bench_utils.gpu_memory_peaks())
 
     with torch.no_grad():
         if args.save_first_batch:

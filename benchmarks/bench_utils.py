@@ -138,6 +138,12 @@ def release_freed_memory():
         pass
 
 
+def gpu_memory_peaks() -> dict:
+    """Peak CUDA memory allocated and reserved since the last `torch.cuda.reset_peak_memory_stats()`, in MiB."""
+    return {"peak_gpu_memory_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+            "peak_gpu_reserved_mib": round(torch.cuda.max_memory_reserved() / 2**20, 1)}
+
+
 def process_peak_rss_mib() -> float:
     """The whole process's peak RSS (loading included), from getrusage."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

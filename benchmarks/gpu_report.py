@@ -25,7 +25,10 @@ spent the rest are listed as skipped:
 - `pretraining`: `bench_pretrain.py` (hf-elmo pretrain's own step), small and original, bf16, 128 sentences, at
   the text's vocabulary and at 793,471 words (bilm-tf's 1B Word softmax), with peak memory.
 - `inference`: `bench_inference.py`, small and original, batches 64 and 256, fp32 and bf16, with the largest
-  difference from the reference implementation. The AllenNLP peer runs on the CPU only, so it is not compared.
+  difference from the reference implementation; and `side_by_side.py --device cuda` at batch 256: AllenNLP 0.9.0
+  in fp32 on the same GPU, weights and words, with the ratio and the largest difference (it needs `overrides` 3.x
+  and the allennlp wheel, carried in $HF_ELMO_TEST_CACHE on a machine without network; without them the report
+  says so).
 
 `--smoke` runs every section on the CPU with tiny shapes and a few steps (the test suite runs it, so that the
 report cannot rot); its figures mean nothing.
@@ -34,6 +37,7 @@ report cannot rot); its figures mean nothing.
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -336,8 +340,24 @@ def inference(setting: Setting) -> dict:
         runs = [["--config", config, "--device", "cuda", "--dtype", dtype, "--batch-size", str(batch),
                  "--n-sentences", str(4 * batch), *text]
                 for config in ("small", "original") for batch in (64, 256) for dtype in ("fp32", "bf16")]
-    lines = benchmark_lines("bench_inference.py", runs)
-    return {"runs": lines, "allennlp_peer": "not compared: benchmarks/allennlp_peer.py runs on the CPU only"}
+    result = {"runs": benchmark_lines("bench_inference.py", runs)}
+    # AllenNLP 0.9.0 on the same device, weights and words (fp32), through side_by_side.py.
+    if importlib.util.find_spec("overrides") is None:
+        result["allennlp"] = {"skipped": "the AllenNLP peer needs `overrides` 3.x (pip install 'overrides>=3,<4') "
+                                         "and the allennlp 0.9.0 wheel (fetched with pip, or carried in $HF_ELMO_TEST_CACHE)"}
+        return result
+    if setting.smoke:
+        compare = ["--configs", "tiny", "--synthetic", "--n-sentences", "8", "--batch-size", "4", "--repeats", "1",
+                   "--device", "cpu"]
+    else:
+        compare = ["--configs", "small", "original", "--batch-size", "256", "--n-sentences", "1024", "--device",
+                   "cuda", *text]
+    (line,) = benchmark_lines("side_by_side.py", [[*compare, "--rounds", "1", "--wait-quiet", "0"]])
+    keep = ("tokens_per_s", "ratio_of_medians", "max_abs_diff_vs_allennlp", "peak_gpu_memory_mib_max",
+            "peak_rss_mib_max")
+    result["allennlp"] = {"error": line["error"]} if "error" in line else {
+        config: {k: v for k, v in figures.items() if k in keep} for config, figures in line["configs"].items()}
+    return result
 
 
 SECTIONS = {

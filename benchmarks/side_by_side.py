@@ -35,6 +35,7 @@ Examples:
   python benchmarks/side_by_side.py --configs original --rounds 5 --runs /tmp/runs.jsonl
   python benchmarks/side_by_side.py --synthetic                    # the earlier 200-word-list workload
   python benchmarks/side_by_side.py --dtype bf16                   # hf_elmo in bf16 (AllenNLP stays fp32)
+  python benchmarks/side_by_side.py --device cuda --batch-size 256  # both on one GPU (AllenNLP in fp32)
 """
 
 import argparse
@@ -89,6 +90,7 @@ def main():
     workload.add_workload_arguments(parser)
     workload.add_timing_arguments(parser, repeats=5, wait_quiet=10.0)
     parser.add_argument("--rounds", type=int, default=3, help="runs of each side per config, alternating (default 3)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="both sides' device (default cpu)")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="hf_elmo's dtype (AllenNLP: fp32)")
     parser.add_argument("--implementation", default="auto", help="hf_elmo's --implementation (default auto)")
     parser.add_argument("--wheel", help="a local allennlp-0.9.0-py3-none-any.whl (default: fetched with pip)")
@@ -104,7 +106,7 @@ def main():
     described = workload.describe(sentences, args.batch_size)
 
     common = ["--batch-size", str(args.batch_size), "--threads", str(args.threads), "--repeats", str(args.repeats),
-              "--wait-quiet", str(args.wait_quiet)]
+              "--wait-quiet", str(args.wait_quiet), "--device", args.device]
     log = open(args.runs, "a", encoding="utf-8") if args.runs else None
     summary = {
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
@@ -117,6 +119,7 @@ def main():
         "threads": args.threads,
         "repeats": args.repeats,
         "rounds": args.rounds,
+        "device": args.device,
         "dtype_hf_elmo": args.dtype,
         "configs": {},
     }
@@ -154,6 +157,9 @@ def main():
             "peak_rss_mib_max": {"hf_elmo": max(o["peak_rss_mib"] or 0 for o in ours),
                                  "allennlp": max(p["peak_rss_mib"] or 0 for p in peers)},
             "split_s_first_round": {"hf_elmo": ours[0]["split_s"], "allennlp": peers[0]["split_s"]},
+            **({"peak_gpu_memory_mib_max": {"hf_elmo": max(o["peak_gpu_memory_mib"] for o in ours),
+                                            "allennlp": max(p["peak_gpu_memory_mib"] for p in peers)}}
+               if args.device == "cuda" else {}),
             "max_abs_diff_vs_reference": max(o["max_abs_diff_vs_reference"] or 0 for o in ours),
             "max_abs_diff_vs_allennlp": max_layer_difference(peer_out, ours_out),
             "cpu_over_wall_median": {"hf_elmo": statistics.median(x for o in ours for x in o["cpu_over_wall"]),
