@@ -828,6 +828,19 @@ def test_the_compiled_steps_do_not_recompile_for_new_row_counts_or_lengths(monke
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 
+def pretraining_case(device, seed: int, lengths: list[int], batch_seed: int):
+    """A small ElmoForPreTraining (sampled softmax, no dropout) in training mode, a batch and its word labels."""
+    from hf_elmo import ElmoForPreTraining
+
+    torch.manual_seed(seed)
+    config = ElmoConfig(char_filters=FILTERS, n_highway=2, char_embedding_dim=4, lstm_dim=24, projection_dim=8,
+                        cell_clip=3.0, proj_clip=3.0, vocab_size=500, num_softmax_samples=64, lm_dropout=0.0)
+    model = ElmoForPreTraining(config).to(device).train()
+    ids = make_batch(lengths, seed=batch_seed)
+    labels = torch.randint(0, 500, ids.shape[:2]).masked_fill(ids[..., 0] == 0, -100)
+    return model, ids.to(device), labels.to(device)
+
+
 def pretraining_gradients(model, ids, labels, implementation, autocast_dtype=None):
     """The loss and every parameter's gradient of one sampled-softmax step (the same negatives each call)."""
     model.set_elmo_implementation(implementation)
@@ -844,15 +857,8 @@ def pretraining_gradients(model, ids, labels, implementation, autocast_dtype=Non
 def test_a_pretraining_step_on_the_cuda_implementation_matches_the_reference(device, exact_cuda_matmuls):
     # ElmoForPreTraining as hf-elmo pretrain runs it (sampled softmax, sparse softmax gradients, gradient x 20),
     # with the compiled kernels on a GPU: loss and every gradient against the reference implementation, fp32.
-    from hf_elmo import ElmoForPreTraining
-
-    torch.manual_seed(0)
-    config = ElmoConfig(char_filters=FILTERS, n_highway=2, char_embedding_dim=4, lstm_dim=24, projection_dim=8,
-                        cell_clip=3.0, proj_clip=3.0, vocab_size=500, num_softmax_samples=64, lm_dropout=0.0)
-    model = ElmoForPreTraining(config).to(device).train()
+    model, ids, labels = pretraining_case(device, seed=0, lengths=[7, 3, 9, 1], batch_seed=5)
     model.softmax.sparse = True
-    ids = make_batch([7, 3, 9, 1], seed=5).to(device)
-    labels = torch.randint(0, 500, ids.shape[:2]).masked_fill(ids[..., 0].cpu() == 0, -100).to(device)
     reference_loss, reference = pretraining_gradients(model, ids, labels, "reference")
     loss, fast = pretraining_gradients(model, ids, labels, "cuda")
     assert abs(loss - reference_loss) <= 1e-5 * abs(reference_loss)
@@ -867,14 +873,7 @@ def test_bf16_gradients_of_the_cuda_implementation_are_no_worse_than_the_referen
     # Issue 26's bar for bf16: against the fp32 gradients, the cuda implementation under bf16 autocast errs no more
     # than the reference does under it (its gate maths and cell state stay in fp32; the parts both share, the char
     # CNN and the softmax, round alike).
-    from hf_elmo import ElmoForPreTraining
-
-    torch.manual_seed(1)
-    config = ElmoConfig(char_filters=FILTERS, n_highway=2, char_embedding_dim=4, lstm_dim=24, projection_dim=8,
-                        cell_clip=3.0, proj_clip=3.0, vocab_size=500, num_softmax_samples=64, lm_dropout=0.0)
-    model = ElmoForPreTraining(config).to(device).train()
-    ids = make_batch([12, 5, 9, 1], seed=23).to(device)
-    labels = torch.randint(0, 500, ids.shape[:2]).masked_fill(ids[..., 0].cpu() == 0, -100).to(device)
+    model, ids, labels = pretraining_case(device, seed=1, lengths=[12, 5, 9, 1], batch_seed=23)
     _, truth = pretraining_gradients(model, ids, labels, "reference")
 
     def error(implementation):
