@@ -24,6 +24,7 @@ from torch import nn
 
 from .cpu_tuning import few_column_matmul, step_columns
 from .elmo_implementations import ElmoImplementation
+from .int8_weights import Int8Linear
 from .elmo_ops import (
     batched_bilstm,
     clip,
@@ -194,7 +195,7 @@ def bilstm(
     dropout_masks: torch.Tensor | None = None,
 ) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """`ElmoBiLstm.forward`'s function (same arguments and results), with `module`'s parameters."""
-    if dropout_masks is not None or not _works_in_place(tokens):
+    if dropout_masks is not None or not _works_in_place(module, tokens):
         return packed_bilstm(module, tokens, mask, state, output_layers, words_only, dropout_masks)
     batch_size, num_steps, width = tokens.shape
     order, sorted_lengths, rows_at = longest_first(mask)
@@ -318,9 +319,25 @@ def packed_bilstm(module, tokens, mask, state, output_layers, words_only, dropou
     return [output[restore] for output in outputs], (cells[:, :, restore], hiddens[:, :, restore])
 
 
-def _works_in_place(tensor: torch.Tensor) -> bool:
-    # Under autocast the `out=` buffers would keep fp32 while autocast hands the matmuls bf16 operands.
-    return not torch.is_grad_enabled() and not torch.is_autocast_enabled(tensor.device.type)
+def _works_in_place(module, tokens: torch.Tensor) -> bool:
+    """Whether nothing needs autograd and no autocast is on (it would hand the matmuls bf16 operands while the
+    `out=` buffers keep fp32)."""
+    if torch.is_autocast_enabled(tokens.device.type):
+        return False
+    return not torch.is_grad_enabled() or not (tokens.requires_grad or any(p.requires_grad for p in module.parameters()))
+
+
+def _product(linear, columns: torch.Tensor, out: torch.Tensor | None = None, add: torch.Tensor | None = None,
+             few_columns: bool = True) -> torch.Tensor:
+    """
+    `add + linear.weight @ columns` (feature-major), into `out` when given: on the int8 kernel for an `Int8Linear`,
+    else BLAS, through `few_column_matmul` for a recurrence step's few columns.
+    """
+    if isinstance(linear, Int8Linear):
+        return linear.columns_product(columns, out=out, add=add)
+    if few_columns:
+        return few_column_matmul(linear.weight, columns, out=out, add=add)
+    return torch.addmm(add, linear.weight, columns, out=out)
 
 
 def _direction(
@@ -372,14 +389,13 @@ def _direction(
         # In chunks, with the matmul shape of the blocks (an odd shape makes MKL keep extra buffers).
         for chunk, rows in zip(table.split(batch_size), distinct[0].split(batch_size)):
             part = gates_buffer[: 4 * lstm_dim * rows.shape[0]].view(4 * lstm_dim, -1)
-            chunk.copy_(torch.addmm(bias, layer.input_proj.weight, rows.t(), out=part).t())
+            chunk.copy_(_product(layer.input_proj, rows.t(), out=part, add=bias, few_columns=False).t())
         gathered_buffer = scratch("gathered", batch_size * 4 * lstm_dim)
 
     block_start = block_end = offset = 0
     input_gates = None
-    products = [layer.recurrent_proj.weight]
-    if isinstance(layer.output_proj, nn.Linear):
-        products.append(layer.output_proj.weight)
+    # The step's BLAS products, whose column counts `step_columns` may tune (int8 products are not tuned).
+    products = [linear.weight for linear in (layer.recurrent_proj, layer.output_proj) if isinstance(linear, nn.Linear)]
     reading = batch_size
     for step_index, rows in enumerate(rows_at):
         if rows < reading:
@@ -388,7 +404,7 @@ def _direction(
             final_hidden[:, rows:reading] = hidden[:, rows:reading]
             reading = rows
         # Columns `rows:columns` are finished rows, computed on only because that is faster here.
-        columns = step_columns(products, rows, hidden.shape[1])
+        columns = step_columns(products, rows, hidden.shape[1]) if products else rows
         cell, hidden = cell[:, :columns], hidden[:, :columns]
         if table is not None:
             gathered = gathered_buffer[: rows * 4 * lstm_dim].view(rows, 4 * lstm_dim)
@@ -399,11 +415,11 @@ def _direction(
                 block_start, block_end = offset, min(offset + block_positions, positions)
                 block_end = max(block_end, offset + rows)
                 width, block = block_end - block_start, inputs[:, block_start:block_end]
+                out = None
                 if width <= block_positions:
                     buffer = scratch("input_gates", 4 * lstm_dim * block_positions)[: 4 * lstm_dim * width]
-                    input_gates = torch.addmm(bias, layer.input_proj.weight, block, out=buffer.view(4 * lstm_dim, width))
-                else:
-                    input_gates = torch.addmm(bias, layer.input_proj.weight, block)
+                    out = buffer.view(4 * lstm_dim, width)
+                input_gates = _product(layer.input_proj, block, out=out, add=bias, few_columns=False)
             input_part = input_gates[:, offset - block_start : offset - block_start + rows]
         gates = gates_buffer[: 4 * lstm_dim * columns].view(4 * lstm_dim, columns)
         gates[:, :rows] = input_part  # the finished rows' columns keep earlier (finite) values
@@ -424,10 +440,10 @@ def _step(layer, cell, hidden, gates, new_cell, new_hidden):
     `cell` and `hidden`). Contiguous gates make the element-wise work several times faster than working in place
     on a column slice of the input gates.
     """
-    few_column_matmul(layer.recurrent_proj.weight, hidden, gates, add=gates)
+    _product(layer.recurrent_proj, hidden, gates, add=gates)
     new_cell, cell_output = lstm_cell(gates, cell, layer.cell_clip, dim=0, in_place=True, new_cell=new_cell)
-    if isinstance(layer.output_proj, nn.Linear):
-        few_column_matmul(layer.output_proj.weight, cell_output, new_hidden)
+    if not isinstance(layer.output_proj, nn.Identity):
+        _product(layer.output_proj, cell_output, new_hidden)
     else:
         new_hidden.copy_(cell_output)
     return new_cell, clip(new_hidden, layer.proj_clip, in_place=True)

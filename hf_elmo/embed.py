@@ -177,11 +177,13 @@ def _line_numbers(numbers: list[int], count: int) -> str:
     return ("lines " if count != 1 else "line ") + listed
 
 
-def load_model_and_tokenizer(model_name_or_path: str, device: str) -> tuple[ElmoModel, ElmoTokenizer]:
+def load_model_and_tokenizer(
+    model_name_or_path: str, device: str, int8_weights: bool = False
+) -> tuple[ElmoModel, ElmoTokenizer]:
     """
     The biLM of any ELMo folder or Hub repo (a head checkpoint gives its biLM), and its tokenizer. Weights that are
     missing or not finite, and tokenizer files that exist but cannot be loaded, are errors: either would give
-    wrong vectors without a word.
+    wrong vectors without a word. `int8_weights`: the biLM with int8 weights, for the CPU (`quantize_int8`).
     """
     from transformers.utils import cached_file
 
@@ -189,7 +191,7 @@ def load_model_and_tokenizer(model_name_or_path: str, device: str) -> tuple[Elmo
     from .tokenization_elmo import ElmoTokenizer
 
     name, extra = resolve_model(model_name_or_path)
-    model = ElmoModel.from_pretrained(name, **extra).to(device).eval()
+    model = ElmoModel.from_pretrained(name, int8_weights=int8_weights, **extra).to(device).eval()
     config_file = cached_file(name, "tokenizer_config.json", _raise_exceptions_for_missing_entries=False, **extra)
     if config_file is None:
         logger.info("%s has no tokenizer files; using the default ElmoTokenizer", model_name_or_path)

@@ -39,6 +39,7 @@ from .elmo_ops import (
     reverse_within_lengths,
     stack_layers,
 )
+from .int8_weights import Int8Linear, check_int8_cpu, quantize_linear_maps
 from .log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
 from .token_cache import ElmoTokenCache
 from .weight_checks import from_pretrained_checked
@@ -105,6 +106,26 @@ def check_input(condition: torch.Tensor, message: str, details: Callable[[], str
         raise ValueError(details() if details is not None else message)
 
 
+def check_int8_run(module: nn.Module, implementation: ElmoImplementation, dropout: bool = False):
+    """
+    int8 weights (`ElmoPreTrainedModel.quantize_int8`) are for CPU inference: they run on the "cpu" implementation,
+    with no weight of `module` trainable and no LSTM dropout. Anything else fails here with one line, before any work.
+    """
+    if not any(isinstance(child, Int8Linear) for child in module.modules()):
+        return
+    if implementation is not ELMO_IMPLEMENTATIONS["cpu"]:
+        name = next(name for name, value in ELMO_IMPLEMENTATIONS.items() if value is implementation)
+        raise ValueError(
+            f"This model holds int8 weights, which run on the 'cpu' implementation only (inputs on the CPU, "
+            f"elmo_implementation None or 'cpu'), not on {name!r}. Load the model without int8_weights for that."
+        )
+    if dropout or (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())):
+        raise ValueError(
+            "This model holds int8 weights, which cannot be trained: keep its biLM frozen and without LSTM dropout, "
+            "or load the model without int8_weights to train it."
+        )
+
+
 def char_encoder_reference(encoder: "ElmoCharacterEncoder", char_ids: torch.Tensor) -> torch.Tensor:
     """
     The specification of the token layer (the "reference" implementation): embed each word's chars, convolve with
@@ -136,6 +157,7 @@ class ElmoCharacterEncoder(nn.Module):
 
     def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
         implementation = elmo_implementation_for(self.config, char_ids.device)
+        check_int8_run(self, implementation)
         token_vectors = implementation.token_vectors or char_encoder_reference
         return token_vectors(self, char_ids)
 
@@ -282,6 +304,7 @@ class ElmoBiLstm(nn.Module):
         if output_layers is None:
             output_layers = tuple(range(len(self.forward_layers)))
         implementation = elmo_implementation_for(self.config, tokens.device)
+        check_int8_run(self, implementation, dropout=dropout_masks is not None)
         return implementation.bilstm(self, tokens, mask, state, output_layers, words_only, dropout_masks)
 
 
@@ -309,7 +332,52 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
         a biLM weight the checkpoint lacks (Transformers would initialise it at random and only warn). The error
         names the tensor; see `weight_checks.py`.
         """
-        return from_pretrained_checked(super().from_pretrained, *args, **kwargs)
+        int8_weights = kwargs.pop("int8_weights", False)
+        loaded = from_pretrained_checked(super().from_pretrained, *args, **kwargs)
+        if int8_weights:
+            (loaded[0] if isinstance(loaded, tuple) else loaded).quantize_int8()
+        return loaded
+
+    def quantize_int8(self) -> "ElmoPreTrainedModel":
+        """
+        Store the biLM's linear maps (the char CNN's highways and projection, each LSTM's input, recurrent and
+        projection maps) as int8 with one scale per output channel, in place, for CPU inference: a quarter of their
+        memory, faster where the recurrence is bound by memory (`int8_weights.py`, README "int8 weights"). The
+        model is put in eval mode and its biLM frozen; the biLM then runs only on the "cpu" implementation and
+        cannot be trained, and the model is not saved (`save_pretrained` refuses). Also `from_pretrained(...,
+        int8_weights=True)`.
+        """
+        check_int8_cpu()
+        if any(p.device.type != "cpu" for p in self.parameters()):
+            raise ValueError("quantize_int8() works on a model on the CPU (int8 weights are for CPU inference).")
+        if any(p.dtype != torch.float32 for p in self.parameters()):
+            raise ValueError("quantize_int8() works on an fp32 model: load it without torch_dtype.")
+        quantize_linear_maps(self, ElmoLinear)
+        # Loaded weights may be views of the memory-mapped checkpoint, which stays mapped (and resident, once read
+        # to be quantized) while any of them lives: the weights left in fp32 get memory of their own.
+        for parameter in self.parameters():
+            parameter.data = parameter.data.clone()
+        # The biLM's other weights (char embeddings, convolutions) are frozen with it; a task head's own layers stay
+        # trainable (a head may learn over a frozen int8 biLM).
+        if hasattr(self, "freeze_base_model"):
+            self.freeze_base_model(True)
+        else:
+            self.requires_grad_(False)
+        return self.eval()
+
+    @property
+    def has_int8_weights(self) -> bool:
+        return any(isinstance(module, Int8Linear) for module in self.modules())
+
+    def save_pretrained(self, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`; a model with int8 weights is refused (they are made at load time)."""
+        if self.has_int8_weights:
+            raise ValueError(
+                "This model holds int8 weights, which are not saved: they are made from the fp32 weights at load "
+                "time. Save the model loaded without int8_weights, and load it with from_pretrained(..., "
+                "int8_weights=True)."
+            )
+        return super().save_pretrained(*args, **kwargs)
 
     def post_init(self):
         super().post_init()

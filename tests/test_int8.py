@@ -1,0 +1,173 @@
+"""int8 weights for CPU inference (`hf_elmo/int8_weights.py`, `ElmoPreTrainedModel.quantize_int8`)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hf_elmo import ElmoForTokenClassification, ElmoModel, ElmoTokenizer
+from hf_elmo.cli import main
+from hf_elmo.int8_weights import INT8_LEVELS, Int8Linear
+
+
+# The largest difference int8 weights make to any layer of bilm-tf's fixture sentences (measured: 0.023 on the token
+# layer, whose values reach 7.1, and 0.020 on the LSTM layers; README "int8 weights").
+INT8_FIXTURE_BOUND = 0.05
+
+
+@pytest.fixture(scope="module")
+def fixture_batch(elmo_fixture):
+    with open(elmo_fixture / "sentences.json", encoding="utf-8") as f:
+        sentences = [sentence.split() for group in json.load(f) for sentence in group]
+    return ElmoTokenizer()(sentences, is_split_into_words=True, padding=True, return_tensors="pt")
+
+
+def all_layers(model, batch) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.stack(model(**batch, output_hidden_states=True).hidden_states)
+
+
+def test_a_weight_is_rounded_to_half_a_level_of_its_row():
+    torch.manual_seed(0)
+    linear = nn.Linear(40, 24)
+    with torch.no_grad():
+        linear.weight[3] = 0.0  # an all-zero row keeps zeros
+        # Values on the levels of scale 2^-8 (exact in bf16), the largest 127 levels: reproduced exactly.
+        linear.weight[5] = torch.tensor([-127.0, 127.0, *range(-19, 19)]) * 2.0**-8
+    int8 = Int8Linear.from_linear(linear)
+    # Each row's scale is the smallest bf16 number at least max |w| / 127, so no value is clipped.
+    exact = linear.weight.abs().amax(dim=1) / INT8_LEVELS
+    scale = int8.weight_scale.float()
+    assert int8.weight_scale.dtype == torch.bfloat16
+    rows = exact > 0
+    assert bool(((scale[rows] >= exact[rows]) & (scale[rows] <= exact[rows] * (1 + 2.0**-7))).all())
+    assert scale[5] == 2.0**-8
+    error = (int8.dequantized_weight() - linear.weight).abs()
+    assert bool((error <= scale[:, None] / 2 * (1 + 1e-6)).all())
+    assert int8.weight_int8.dtype == torch.int8 and int8.weight_int8.abs().max() <= INT8_LEVELS
+    assert error[3].max() == 0 and error[5].max() == 0
+    # The inner dimension is stored padded to the kernel's multiple of 16, with zero columns.
+    assert tuple(int8.weight_int8.shape) == (24, 48) and int8.weight_int8[:, 40:].abs().max() == 0
+
+
+@pytest.mark.parametrize("in_features", [40, 64])
+def test_the_product_is_the_dequantized_weights_on_bf16_inputs_rounded_once(in_features):
+    torch.manual_seed(1)
+    linear = nn.Linear(in_features, 48).requires_grad_(False)
+    int8 = Int8Linear.from_linear(linear)
+    inputs = torch.randn(2, 5, in_features)
+    expected = inputs.bfloat16().float() @ int8.dequantized_weight().t()
+    # Accumulated in fp32 from the same operands, then the output is rounded to bf16 once: at most half a bf16
+    # step (2^-9 relative) off, plus the fp32 accumulation's rounding.
+    bound = expected.abs() * 2.0**-8 + 1e-5
+    assert bool(((int8(inputs) - linear.bias - expected).abs() <= bound).all())
+    columns = inputs.reshape(-1, in_features).t()
+    out = torch.full((48, 10), float("nan"))
+    assert int8.columns_product(columns, out=out, add=linear.bias[:, None]) is out
+    assert torch.equal(out, int8(inputs).reshape(-1, 48).t())
+
+
+def test_int8_outputs_stay_within_the_bound_of_fp32_on_the_bilm_tf_fixture(converted_dir, fixture_batch):
+    fp32 = all_layers(ElmoModel.from_pretrained(converted_dir), fixture_batch)
+    model = ElmoModel.from_pretrained(converted_dir, int8_weights=True)
+    assert model.has_int8_weights and not model.training
+    assert not any(p.requires_grad for p in model.parameters())
+    int8 = all_layers(model, fixture_batch)
+    difference = (int8 - fp32).abs().amax(dim=(1, 2, 3))
+    assert bool((difference <= INT8_FIXTURE_BOUND).all()), difference
+    # Every layer really computed with int8 weights, and padding stays exactly zero.
+    assert bool((difference > 1e-4).all()), difference
+    mask = fixture_batch["attention_mask"].bool()
+    assert int8[:, ~mask].abs().max() == 0
+    # The same result as quantizing a model in hand.
+    assert torch.equal(all_layers(ElmoModel.from_pretrained(converted_dir).quantize_int8(), fixture_batch), int8)
+
+
+def test_int8_vectors_do_not_depend_on_batch_or_padding(converted_dir):
+    model = ElmoModel.from_pretrained(converted_dir, int8_weights=True)
+    tokenizer = ElmoTokenizer()
+    target = "The virus spread quickly through the schools .".split()
+    others = [["Short", "."], "A much longer sentence that forces a lot of padding onto the target one".split()]
+    alone = all_layers(model, tokenizer([target], is_split_into_words=True, return_tensors="pt"))
+    mixed = all_layers(model, tokenizer(others + [target], is_split_into_words=True, padding=True,
+                                        return_tensors="pt"))
+    assert (alone[:, 0] - mixed[:, 2, : len(target)]).abs().max() <= 1e-6
+
+
+def test_a_model_with_int8_weights_refuses_to_be_saved(converted_dir, tmp_path):
+    model = ElmoModel.from_pretrained(converted_dir, int8_weights=True)
+    with pytest.raises(ValueError, match="int8 weights, which are not saved: they are made from the fp32 weights"):
+        model.save_pretrained(tmp_path / "int8")
+    assert not (tmp_path / "int8").exists()
+
+
+def test_bad_uses_of_int8_weights_get_one_clear_error(converted_dir, fixture_batch):
+    model = ElmoModel.from_pretrained(converted_dir, int8_weights=True)
+    for name in ("reference", "cuda"):
+        model.set_elmo_implementation(name)
+        with pytest.raises(ValueError, match=f"run on the 'cpu' implementation only .*, not on '{name}'"):
+            model(**fixture_batch)
+    model.set_elmo_implementation(None)
+    with pytest.raises(ValueError, match="int8 weights, which cannot be trained"):
+        model(**fixture_batch, lstm_dropout=0.1)
+    model.bilstm.forward_layers[0].input_proj.bias.requires_grad_(True)
+    with pytest.raises(ValueError, match="int8 weights, which cannot be trained"):
+        model(**fixture_batch)
+    with pytest.raises(ValueError, match="works on an fp32 model"):
+        ElmoModel.from_pretrained(converted_dir, dtype=torch.bfloat16).quantize_int8()
+
+
+def test_a_head_learns_over_a_frozen_int8_bilm(converted_dir, fixture_batch):
+    head = ElmoForTokenClassification.from_pretrained(converted_dir, num_labels=3, freeze_elmo=False,
+                                                      int8_weights=True)
+    assert head.config.freeze_elmo and head.elmo.has_int8_weights
+    head.train()
+    labels = torch.where(fixture_batch["attention_mask"].bool(), 1, -100)
+    head(**fixture_batch, labels=labels).loss.backward()
+    assert head.classifier.weight.grad.abs().sum() > 0
+    assert not any(p.requires_grad for p in head.elmo.parameters())
+    head.freeze_base_model(False)
+    with pytest.raises(ValueError, match="int8 weights, which cannot be trained"):
+        head(**fixture_batch, labels=labels)
+
+
+def test_embed_int8_writes_vectors_within_the_bound(converted_dir, elmo_fixture, tmp_path, capsys):
+    with open(elmo_fixture / "sentences.json", encoding="utf-8") as f:
+        lines = [sentence for group in json.load(f) for sentence in group][:6]
+    source = tmp_path / "in.txt"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    outputs = {}
+    for name, options in (("fp32", []), ("int8", ["--int8"])):
+        outputs[name] = tmp_path / f"{name}.hdf5"
+        assert main(["embed", str(source), str(outputs[name]), "--model", str(converted_dir), "--tokenized",
+                     "--no-progress", *options]) == 0
+    with h5py.File(outputs["fp32"]) as fp32, h5py.File(outputs["int8"]) as int8:
+        differences = [np.abs(fp32[key][...] - int8[key][...]).max() for key in fp32]
+    assert len(differences) == 6 and 1e-4 < max(differences) <= INT8_FIXTURE_BOUND
+    assert main(["embed", str(source), str(tmp_path / "gpu.hdf5"), "--model", str(converted_dir), "--int8",
+                 "--device", "cuda"]) == 1
+    assert "error: --int8 runs on the CPU only; drop --device cuda or --int8." in capsys.readouterr().err
+    assert not (tmp_path / "gpu.hdf5").exists()
+
+
+def test_embed_int8_on_a_cpu_without_vector_kernels_says_so_in_one_line(converted_dir, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("One line .\n", encoding="utf-8")
+    # torch runs its scalar kernels when told to: a CPU without AVX2, for real.
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_elmo.cli", "embed", str(source), str(tmp_path / "out.hdf5"), "--model",
+         str(converted_dir), "--int8"], capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "error: int8 weights need a CPU on which torch runs AVX2 or AVX-512 kernels; this one runs 'DEFAULT', "
+        "where torch's int8 kernel is scalar code, slower than the fp32 model. Load the model without int8."
+    ]
+    assert not (tmp_path / "out.hdf5").exists()
