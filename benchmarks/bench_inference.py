@@ -136,6 +136,9 @@ def main():
     run = parser.add_argument_group("run")
     run.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     run.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="the weights' and activations' dtype")
+    run.add_argument("--int8", action="store_true",
+                     help="int8 weights (from_pretrained(..., int8_weights=True); CPU, fp32 activations rounded to bf16 "
+                          "in the products); max_abs_diff_vs_reference is then against the fp32 model")
     run.add_argument("--implementation", choices=IMPLEMENTATIONS, default="auto",
                      help="which implementation of the model runs (see above; default auto)")
     run.add_argument("--cache-vocab", action="store_true",
@@ -163,17 +166,20 @@ def main():
         options_path, weights_path = random_bilm.ensure(args.config, args.cache_dir)
     folder = converted_folder(options_path, weights_path, args.cache_dir) if args.load == "converted" else None
 
-    def load(dtype: torch.dtype) -> ElmoModel:
+    if args.int8 and (args.device != "cpu" or args.dtype != "fp32" or folder is None):
+        parser.error("--int8 goes with --device cpu, --dtype fp32 and --load converted")
+
+    def load(dtype: torch.dtype, int8: bool = False) -> ElmoModel:
         if folder is None:
             model = load_from_hdf5(options_path, weights_path, dtype)
         else:
-            model = ElmoModel.from_pretrained(folder, dtype=dtype)
+            model = ElmoModel.from_pretrained(folder, dtype=dtype, int8_weights=int8)
         return model.to(device).eval()
 
     groups = workload.batches(sentences, args.batch_size)
 
     start = time.perf_counter()
-    model = load(dtype)
+    model = load(dtype, args.int8)
     load_s = time.perf_counter() - start
     via = select_implementation(model, args.implementation)
     config = model.config
@@ -220,7 +226,7 @@ def main():
         if not args.skip_check:
             timed = [[h.float() for h in model(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states]
                      for ids, mask in inputs]
-            reference = model if dtype == torch.float32 else load(torch.float32)
+            reference = model if dtype == torch.float32 and not args.int8 else load(torch.float32)
             select_implementation(reference, "reference")
             cache, reference.char_encoder.token_cache = reference.char_encoder.token_cache, None
             max_diff = 0.0
@@ -245,6 +251,7 @@ def main():
         "threads": args.threads,
         "repeats": args.repeats,
         "dtype": args.dtype,
+        "int8_weights": args.int8,
         "device": args.device,
         "token_cache": args.cache_vocab,
         **bench_utils.summarize(timing, sum(len(s) for s in sentences)),

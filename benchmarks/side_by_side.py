@@ -35,6 +35,7 @@ Examples:
   python benchmarks/side_by_side.py --configs original --rounds 5 --runs /tmp/runs.jsonl
   python benchmarks/side_by_side.py --synthetic                    # the earlier 200-word-list workload
   python benchmarks/side_by_side.py --dtype bf16                   # hf_elmo in bf16 (AllenNLP stays fp32)
+  python benchmarks/side_by_side.py --int8                         # and hf_elmo with int8 weights, a third side
   python benchmarks/side_by_side.py --device cuda --batch-size 256  # both on one GPU (AllenNLP in fp32)
 """
 
@@ -93,6 +94,9 @@ def main():
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="both sides' device (default cpu)")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="hf_elmo's dtype (AllenNLP: fp32)")
     parser.add_argument("--implementation", default="auto", help="hf_elmo's --implementation (default auto)")
+    parser.add_argument("--int8", action="store_true",
+                        help="also run hf_elmo with int8 weights (bench_inference.py --int8) as a third side, in the "
+                             "same rounds: its speed, memory and largest difference from the fp32 model")
     parser.add_argument("--wheel", help="a local allennlp-0.9.0-py3-none-any.whl (default: fetched with pip)")
     parser.add_argument("--cache-dir", default=random_bilm.default_dir(),
                         help="random weights, converted folders, workload files (default $HF_ELMO_BENCH_CACHE or "
@@ -133,18 +137,22 @@ def main():
         ours_command = [sys.executable, os.path.join(HERE, "bench_inference.py"), *paths, "--text", words_file,
                         "--pretokenized", "--n-sentences", str(len(sentences)), "--dtype", args.dtype,
                         "--implementation", args.implementation, "--cache-dir", args.cache_dir, *common]
-        peers, ours = [], []
+        commands = {"peer": peer_command, "ours": ours_command}
+        if args.int8:
+            commands["int8"] = ours_command + ["--int8"]
+        runs = {side: [] for side in commands}
+        peers, ours, int8 = runs["peer"], runs["ours"], runs.get("int8", [])
         for round_index in range(args.rounds):
             first = round_index == 0
-            order = ("peer", "ours") if round_index % 2 == 0 else ("ours", "peer")
+            # Each round starts with the next side, so that no side always runs first.
+            sides = list(commands)
+            order = sides[round_index % len(sides):] + sides[: round_index % len(sides)]
             for side in order:
-                if side == "peer":
-                    peers.append(run_json(peer_command + (["--save-first-batch", peer_out] if first else []), log))
-                else:
-                    ours.append(run_json(ours_command + (["--save-first-batch", ours_out] if first else []), log))
-            if ours[-1]["workload_sha1"] != peers[-1]["workload_sha1"]:
-                sys.exit(f"side_by_side: the sides read different words ({ours[-1]['workload_sha1']} vs "
-                         f"{peers[-1]['workload_sha1']})")
+                saved = {"peer": peer_out, "ours": ours_out}.get(side) if first else None
+                runs[side].append(run_json(commands[side] + (["--save-first-batch", saved] if saved else []), log))
+            if len({runs[side][-1]["workload_sha1"] for side in sides}) != 1:
+                sys.exit(f"side_by_side: the sides read different words "
+                         f"({[runs[side][-1]['workload_sha1'] for side in sides]})")
         ours_speed = [o["tokens_per_s"] for o in ours]
         peer_speed = [p["tokens_per_s"] for p in peers]
         ratios = [o / p for o, p in zip(ours_speed, peer_speed)]
@@ -167,6 +175,20 @@ def main():
             "busy_before_passes": {"hf_elmo": [o["busy_before_passes"] for o in ours],
                                    "allennlp": [p["busy_before_passes"] for p in peers]},
         }
+        if int8:
+            int8_speed = [run["tokens_per_s"] for run in int8]
+            summary["configs"][config]["int8"] = {
+                "tokens_per_s": int8_speed,
+                "ratio_to_fp32_per_round": [round(i / o, 2) for i, o in zip(int8_speed, ours_speed)],
+                "ratio_to_fp32_of_medians": round(statistics.median(int8_speed) / statistics.median(ours_speed), 2),
+                "ratio_to_allennlp_of_medians": round(statistics.median(int8_speed) / statistics.median(peer_speed),
+                                                      2),
+                "peak_rss_mib_max": max(run["peak_rss_mib"] or 0 for run in int8),
+                "rss_after_load_mib_max": max(run["rss_after_load_mib"] for run in int8),
+                "split_s_first_round": int8[0]["split_s"],
+                # Every layer of every batch against the fp32 model's reference implementation.
+                "max_abs_diff_vs_fp32": max(run["max_abs_diff_vs_reference"] for run in int8),
+            }
     machine = ours[0]["machine"]
     summary["cpu"] = machine["cpu"]
     summary["blas"] = {k: machine["blas"][k] for k in ("blas", "cpu_capability", "mkldnn_available")}
