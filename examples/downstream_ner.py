@@ -21,6 +21,9 @@ machine. OUTPUT_DIR/bilm is the pretrained biLM (an `hf-elmo pretrain` folder).
     python examples/downstream_ner.py --output-dir out/ner-experiment                  # CPU: the default config
     python examples/downstream_ner.py --output-dir out/ner-gpu --config small --pretrain-steps 100000
     python examples/downstream_ner.py --output-dir out/ner-again --pretrained out/ner-experiment/bilm
+    # What int8 weights cost the task: the same heads on the pretrained biLM's fp32 and int8 features
+    python examples/downstream_ner.py --output-dir out/ner-int8 --pretrained out/ner-experiment/bilm \
+        --variants pretrained pretrained+int8
 """
 
 import argparse
@@ -39,8 +42,11 @@ CPU_CONFIG = {
     "char_filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256]], "n_highway": 1, "char_embedding_dim": 16,
     "lstm_dim": 512, "projection_dim": 128, "num_lstm_layers": 2, "cell_clip": 3, "proj_clip": 3,
 }
-# (name, which biLM, mix_layer_norm)
-VARIANTS = (("pretrained", "pretrained", False), ("random", "random", False), ("random+layer_norm", "random", True))
+# (name, which biLM, mix_layer_norm); "pretrained+int8": the pretrained biLM's features computed with int8 weights
+# on the CPU (`int8_weights=True`), only when asked for.
+VARIANTS = (("pretrained", "pretrained", False), ("random", "random", False), ("random+layer_norm", "random", True),
+            ("pretrained+int8", "pretrained-int8", False))
+DEFAULT_VARIANTS = ("pretrained", "random", "random+layer_norm")
 
 logger = logging.getLogger("downstream_ner")
 
@@ -70,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     head.add_argument("--max-eval-sentences", type=int, default=None,
                       help="use the first N valid and N test sentences.")
     head.add_argument("--variants", nargs="+", choices=[name for name, _, _ in VARIANTS],
-                      default=[name for name, _, _ in VARIANTS], help="which heads to train (default: all).")
+                      default=list(DEFAULT_VARIANTS),
+                      help="which heads to train (default: %(default)s). pretrained+int8 trains on the pretrained "
+                      "biLM's layers computed with int8 weights on the CPU, to measure what int8 costs a task.")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice).")
     return parser
 
@@ -226,20 +234,25 @@ def main(argv=None) -> int:
     wall["features_s"], wall["heads_s"] = 0.0, 0.0
     with tempfile.TemporaryDirectory(dir=args.output_dir, prefix=".runs-") as work:
         # One biLM's features at a time: the pretrained biLM's, then each seed's random biLM's.
-        biLMs = [("pretrained", None)] * any(bilm == "pretrained" for _, bilm, _ in variants)
+        biLMs = [(name, None) for name in ("pretrained", "pretrained-int8") if any(bilm == name for _, bilm, _ in variants)]
         biLMs += [("random", seed) for seed in args.seeds] * any(bilm == "random" for _, bilm, _ in variants)
         for bilm, bilm_seed in biLMs:
             stage = time.perf_counter()
             if bilm == "pretrained":
                 elmo = pretrained
+                features = features_of(elmo.to(device))
+            elif bilm == "pretrained-int8":
+                # Only the features come from int8 weights; the tagger keeps the fp32 biLM (int8 is not saved).
+                features = features_of(ElmoModel.from_pretrained(bilm_dir, int8_weights=True))
+                elmo = pretrained
             else:
                 torch.manual_seed(bilm_seed)
                 elmo = ElmoModel(pretrained.config)  # the same architecture, bilm-tf's initialisers
-            features = features_of(elmo.to(device))
+                features = features_of(elmo.to(device))
             wall["features_s"] += time.perf_counter() - stage
             stage = time.perf_counter()
             for name, _, layer_norm in (v for v in variants if v[1] == bilm):
-                for seed in args.seeds if bilm == "pretrained" else [bilm_seed]:
+                for seed in args.seeds if bilm_seed is None else [bilm_seed]:
                     run = train_head(args, elmo, features, id2label, layer_norm, seed,
                                      os.path.join(work, f"{name}-{seed}"))
                     logger.info("%s, seed %d: test F1 %.4f (valid %.4f)", name, seed, run["test"]["f1"],

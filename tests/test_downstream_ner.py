@@ -35,7 +35,8 @@ def test_the_experiment_runs_end_to_end_on_slices(tmp_path, capsys):
     assert downstream.main([
         "--output-dir", str(output), "--config", str(tmp_path / "tiny.json"), "--pretrain-steps", "3",
         "--pretrain-batch-size", "8", "--max-train-sentences", "64", "--max-eval-sentences", "32", "--seeds", "1",
-        "2", "--epochs", "1", "--head-lstm-dim", "8",
+        "2", "--epochs", "1", "--head-lstm-dim", "8", "--variants", "pretrained", "random", "random+layer_norm",
+        "pretrained+int8",
     ]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads(line)
@@ -43,7 +44,7 @@ def test_the_experiment_runs_end_to_end_on_slices(tmp_path, capsys):
     assert result["pretraining"]["steps"] == 3
     assert all(1 < p < 1e6 for p in result["pretraining"]["heldout_perplexity"].values())
     assert result["task"]["sentences"] == {"train": 64, "valid": 32, "test": 32}
-    assert sorted(result["variants"]) == ["pretrained", "random", "random+layer_norm"]
+    assert sorted(result["variants"]) == ["pretrained", "pretrained+int8", "random", "random+layer_norm"]
     for variant in result["variants"].values():
         assert [run["seed"] for run in variant["runs"]] == [1, 2]
         for run in variant["runs"]:
