@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Pretraining throughput of ELMo on real running text, and of its data pipeline alone. Prints one JSON line.
 
-    python benchmarks/bench_pretrain.py [--device cpu|cuda] [--config small|original] [--text FILE]
+    python benchmarks/bench_pretrain.py [--device cpu|cuda] [--config small|original|recipe|FILE] [--text FILE]
         [--batch-size 128] [--mixed-precision bf16|no] [--steps 10] [--num-workers 2] [--vocab-size N]
+        [--peer bilm-tf]
 
 The timed step is `hf-elmo pretrain`'s own: a `PretrainingRun` (bilm-tf's recipe: sampled softmax with 8192
 log-uniform negatives, Adagrad lr 0.2 with sparse softmax gradients, gradient x 20, global-norm clipping at 10,
@@ -23,13 +24,22 @@ workers as in training. Tokens are what the LMs predict: words + one `</S>` per 
 - `peak_memory_mib`: peak GPU memory allocated (cuda) or the process's peak RSS (cpu, VmHWM, which includes the
   Python/torch runtime).
 
+`--peer bilm-tf` first runs `bilm_tf_peer.py`: allenai's bilm-tf training, in a venv of its own, on the same
+config, the same words (split as here, one sentence per line), the same vocabulary and batch size; the line gets
+its figures under `peer` and `ratio_to_peer` (ours / bilm-tf's tokens per second). bilm-tf reads windows of 20
+tokens across sentence boundaries and predicts `<S>` too, one more position per sentence than counted here (about
+3% on 30-word sentences).
+
 `--pipeline-only` prints the pipeline figures without building a model, with `encode_tokens_per_s`: encoding alone
 (sentences already split) by the tokenizer row by row (the old `make_batch`) and by `BatchEncoder`.
 """
 
 import argparse
+import atexit
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +63,10 @@ from hf_elmo.pretraining_data import (  # noqa: E402
 from hf_elmo.testing_utils import cpu_model, english_text_sample  # noqa: E402
 from hf_elmo.tokenization_elmo import ElmoTokenizer  # noqa: E402
 from hf_elmo.vocabulary import build_vocab, write_vocab  # noqa: E402
+
+
+sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
+from pretraining_recipe import CONFIG as RECIPE_CONFIG  # noqa: E402
 
 
 def peak_rss_mib() -> float | None:
@@ -125,6 +139,28 @@ def pretraining_run(args, text: str, vocab_words: list[str], workdir: str):
     if args.threads:
         argv += ["--threads", str(args.threads)]
     return PretrainingRun(parse_pretraining_args(argv))
+
+
+def run_peer(args, files: list[str], splitter, vocab_words: list[str], workdir: str) -> dict:
+    """bilm-tf's training on the same words (split as ours are, one sentence per line), vocabulary, config and batch
+    size: `bilm_tf_peer.py`'s JSON line."""
+    words_file = os.path.join(workdir, "words.txt")
+    with open(words_file, "w", encoding="utf-8") as out:
+        for name in files:
+            with open(name, encoding="utf-8") as handle:
+                for line in handle:
+                    words = splitter(line)
+                    if words:
+                        out.write(" ".join(words) + "\n")
+    vocab_file = write_vocab(vocab_words, os.path.join(workdir, "peer-vocab.txt"))
+    command = [sys.executable, os.path.join(REPO_ROOT, "benchmarks", "bilm_tf_peer.py"), "--config", args.config,
+               "--text", words_file, "--vocab", vocab_file, "--batch-size", str(args.batch_size),
+               "--steps", str(args.peer_steps), "--warmup-steps", str(args.peer_warmup_steps)]
+    child = subprocess.run(command, capture_output=True, text=True)
+    lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
+    if child.returncode != 0 or not lines:
+        raise SystemExit(child.stderr.strip().splitlines()[-1] if child.stderr.strip() else "bilm_tf_peer failed")
+    return json.loads(lines[-1])
 
 
 class Sections:
@@ -211,7 +247,16 @@ class Sections:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--config", choices=("small", "original"), default="small")
+    parser.add_argument("--config", default="small",
+                        help="the biLM: small, original, recipe (the 5.2M-parameter biLM of the pretraining issues, "
+                             "pretraining_recipe.py's CONFIG), or a config.json / bilm-tf options.json "
+                             "(default: %(default)s)")
+    parser.add_argument("--peer", choices=("bilm-tf",), default=None,
+                        help="also time bilm-tf's own training (bilm_tf_peer.py, in a venv of its own) on the same "
+                             "config, words, vocabulary and batch size, first, and report the ratio")
+    parser.add_argument("--peer-steps", type=int, default=100, help="the peer's timed batches (default: %(default)s)")
+    parser.add_argument("--peer-warmup-steps", type=int, default=20,
+                        help="the peer's untimed first batches (default: %(default)s)")
     parser.add_argument("--text", default=None, help="one sentence per line (default: the testing_utils sample)")
     parser.add_argument("--batch-size", type=int, default=128, help="sentences per step (default: %(default)s)")
     parser.add_argument("--mixed-precision", choices=("bf16", "no"), default="no")
@@ -233,6 +278,12 @@ def main():
     if args.device == "cpu":
         os.environ["ACCELERATE_USE_CPU"] = "1"  # PretrainingRun's Accelerator stays on the CPU
 
+    config_dir = tempfile.mkdtemp(prefix="bench_pretrain-")  # the recipe's config.json and the peer's files
+    atexit.register(shutil.rmtree, config_dir, True)
+    if args.config == "recipe":
+        args.config = os.path.join(config_dir, "config.json")
+        with open(args.config, "w", encoding="utf-8") as handle:
+            json.dump(RECIPE_CONFIG, handle)
     text = args.text or str(english_text_sample())
     splitter = WordSplitter("ptb")
     files = resolve_shards([text], what="--text", split_words=splitter)
@@ -258,6 +309,7 @@ def main():
         "vocab_size": tokenizer.word_vocab_size, "batch_size": args.batch_size, "num_workers": args.num_workers,
         "pipeline_tokens_per_s": {k: round(v) for k, v in pipeline.items()},
     }
+    peer = run_peer(args, files, splitter, vocab_words, config_dir) if args.peer and not args.pipeline_only else None
     if args.pipeline_only:
         print(json.dumps({
             "benchmark": "pretrain_pipeline", **common,
@@ -319,6 +371,10 @@ def main():
         "peak_memory_kind": "cuda_max_allocated" if device.type == "cuda" else "rss_vmhwm",
         "split_s_per_step": {k: round(v / args.profile_steps, 4) for k, v in split.items()},
         "pipeline_vs_training": round(max(pipeline.values()) / tokens_per_s, 1),
+        **({} if peer is None else {
+            "peer": peer,
+            "ratio_to_peer": round(tokens_per_s / peer["tokens_per_s"], 2) if "tokens_per_s" in peer else None,
+        }),
         "load_average_1min": round(os.getloadavg()[0], 2),
     }))
 

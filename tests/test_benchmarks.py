@@ -204,3 +204,29 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
         assert "overrides" in peer["skipped"]
     else:
         assert peer["tiny"]["max_abs_diff_vs_allennlp"] < 1e-5 and peer["tiny"]["ratio_of_medians"] > 0
+
+
+def test_bench_inference_with_int8_weights_is_checked_against_the_fp32_model(tmp_path):
+    result = run_bench(tmp_path, "--load", "converted", "--int8")
+    assert result["int8_weights"] is True and result["tokens_per_s"] > 0
+    # Against the fp32 model's reference implementation: int8 changes the outputs, within int8's error.
+    assert 1e-4 < result["max_abs_diff_vs_reference"] < 0.1
+
+
+def test_the_bilm_tf_peer_trains_the_same_biLM_with_bilm_tfs_recipe(tmp_path):
+    import bilm_tf_peer
+    import pretraining_recipe
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(pretraining_recipe.CONFIG), encoding="utf-8")
+    options = bilm_tf_peer.bilm_tf_options(str(config), batch_size=64, vocab_size=17519, batches=120)
+    assert options == {
+        "lstm": {"dim": 512, "projection_dim": 128, "n_layers": 2, "use_skip_connections": True, "cell_clip": 3,
+                 "proj_clip": 3},
+        "char_cnn": {"activation": "relu", "embedding": {"dim": 16},
+                     "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256]], "max_characters_per_token": 50,
+                     "n_characters": 261, "n_highway": 1},
+        "bidirectional": True, "dropout": 0.1, "all_clip_norm_val": 10.0, "n_epochs": 1,
+        "n_train_tokens": 120 * 64 * 20, "batch_size": 64, "n_tokens_vocab": 17519, "unroll_steps": 20,
+        "n_negative_samples_batch": 8192,
+    }
