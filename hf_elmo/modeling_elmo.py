@@ -1299,12 +1299,22 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         true_bias, sampled_bias = bias.split([len(targets), num_samples])
         # The products in the matmul dtype; bias and correction added in fp32 (in bf16 the correction, up to ~13,
         # would be rounded to 1/16).
-        true_logits = (hidden * true_weight).sum(-1).float() + true_bias.float() - log_q_true.float()
-        sampled_logits = (hidden @ sampled_weight.t()).float() + sampled_bias.float() - log_q_sampled.float()
-        # A negative that happens to be the target would be counted against itself.
-        sampled_logits = sampled_logits.masked_fill(candidates[None, :] == targets[:, None], float("-inf"))
-        logits = torch.cat([true_logits[:, None], sampled_logits], dim=1)
-        return nn.functional.cross_entropy(logits, targets.new_zeros(targets.shape), reduction="none") * keep
+        # The (positions x samples) logits are the step's largest tensor: each pass over them costs, so the bias and
+        # the correction are added in one pass, accidental hits are found per target (not by comparing every pair),
+        # and the loss is `logsumexp` over [true, sampled] minus the true logit, without concatenating them.
+        true_logits = (hidden * true_weight).sum(-1).float() + (true_bias.float() - log_q_true.float())
+        sampled_logits = (hidden @ sampled_weight.t()).float() + (sampled_bias.float() - log_q_sampled.float())
+        # A negative that happens to be the target would be counted against itself. The candidates are distinct, so
+        # a target is at most one of them: found by binary search in the sorted candidates.
+        sorted_candidates, order = candidates.sort()
+        slot = torch.searchsorted(sorted_candidates, targets).clamp_(max=num_samples - 1)
+        hit = sorted_candidates[slot] == targets
+        rows = torch.arange(len(targets), device=targets.device)
+        # -inf added at each hit and 0 elsewhere: a write of static shape (no host sync) through which the gradient
+        # passes unchanged (at a hit it is zero anyway: the logit's probability is exp(-inf) = 0).
+        masked = torch.where(hit, float("-inf"), 0.0).to(sampled_logits.dtype)
+        sampled_logits.index_put_((rows, order[slot]), masked, accumulate=True)
+        return (torch.logaddexp(true_logits, torch.logsumexp(sampled_logits, dim=1)) - true_logits) * keep
 
     @can_return_tuple
     def forward(

@@ -868,3 +868,36 @@ def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
     assert worst <= 1e-6, f"resumed run differs from the uninterrupted one by {worst}"
     assert json.loads((output / "eval_results.json").read_text()) == json.loads(
         (reference_dir / "eval_results.json").read_text())
+
+
+def test_sampled_softmax_losses_and_gradients_equal_the_plain_formula_with_accidental_hits():
+    # The loss is computed without concatenating the logits and with accidental hits found per target; against the
+    # plain formula (cat, every pair compared, log_softmax), values and gradients, with several targets that are
+    # also among the negatives and ignored positions.
+    config = tiny_config(vocab_size=300, num_softmax_samples=40, lm_dropout=0.0)
+    torch.manual_seed(0)
+    model = ElmoForPreTraining(config)
+    torch.manual_seed(3)
+    candidates, tries = sample_log_uniform_candidates(40, 300)
+    targets = torch.cat([candidates[:6], torch.randint(0, 300, (20,)), torch.tensor([-100, -100])])
+    hidden = torch.randn(len(targets), config.projection_dim, requires_grad=True)
+    torch.manual_seed(3)
+    losses = model._sampled_softmax_losses(hidden, targets)
+    grads = torch.autograd.grad(losses.sum(), [hidden, model.softmax.weight, model.softmax.bias])
+
+    keep = targets != -100
+    t = targets.clamp(min=0)
+    w, b = model.softmax.weight, model.softmax.bias
+    q_true = log_uniform_expected_count(t, 300, 40, tries).log().float()
+    q_sampled = log_uniform_expected_count(candidates, 300, 40, tries).log().float()
+    true_logit = (hidden * w[t]).sum(-1) + b[t] - q_true
+    sampled = hidden @ w[candidates].t() + b[candidates] - q_sampled
+    hits = candidates[None] == t[:, None]
+    assert int(hits.sum()) >= 6
+    sampled = sampled.masked_fill(hits, float("-inf"))
+    expected = -torch.log_softmax(torch.cat([true_logit[:, None], sampled], 1), -1)[:, 0] * keep
+    expected_grads = torch.autograd.grad(expected.sum(), [hidden, w, b])
+    torch.testing.assert_close(losses, expected, rtol=0, atol=1e-5)
+    assert losses[-2:].abs().max() == 0
+    for actual, wanted in zip(grads, expected_grads):
+        torch.testing.assert_close(actual, wanted, rtol=1e-5, atol=1e-6)
