@@ -141,6 +141,18 @@ def pretraining_run(args, text: str, vocab_words: list[str], workdir: str):
     return PretrainingRun(parse_pretraining_args(argv))
 
 
+def operator_profile(run, window, steps: int, top: int) -> list[dict]:
+    """The `top` operators by self time over `steps` more optimizer steps (torch.profiler), per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(steps):
+            run.optimizer_step(window)
+    rows = sorted(profiler.key_averages(), key=lambda row: row.self_cpu_time_total, reverse=True)[:top]
+    return [{"op": row.key, "self_ms": round(row.self_cpu_time_total / 1000 / steps, 2),
+             "calls": round(row.count / steps, 1)} for row in rows]
+
+
 def run_peer(args, files: list[str], splitter, vocab_words: list[str], workdir: str) -> dict:
     """bilm-tf's training on the same words (split as ours are, one sentence per line), vocabulary, config and batch
     size: `bilm_tf_peer.py`'s JSON line."""
@@ -263,6 +275,9 @@ def main():
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps (default: %(default)s)")
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--profile-steps", type=int, default=3, help="steps of the profiling pass")
+    parser.add_argument("--top-ops", type=int, default=0, metavar="N",
+                        help="also profile --profile-steps more steps with torch.profiler and report the N operators "
+                             "taking the most self time (default: none)")
     parser.add_argument("--num-workers", type=int, default=2, help="DataLoader workers (default: %(default)s)")
     parser.add_argument("--pipeline-epochs", type=int, default=3,
                         help="epochs of the text read by the pipeline-only measure (default: %(default)s)")
@@ -349,6 +364,7 @@ def main():
             run.optimizer_step(window)
             for name, seconds in sections.split().items():
                 split[name] += seconds
+        top_ops = operator_profile(run, window, args.profile_steps, args.top_ops) if args.top_ops else None
         sparse_softmax = bool(accelerator.unwrap_model(run.model).softmax.sparse)
         run.batches = None  # stops the workers
         del run
@@ -371,6 +387,7 @@ def main():
         "peak_memory_kind": "cuda_max_allocated" if device.type == "cuda" else "rss_vmhwm",
         "split_s_per_step": {k: round(v / args.profile_steps, 4) for k, v in split.items()},
         "pipeline_vs_training": round(max(pipeline.values()) / tokens_per_s, 1),
+        **({} if top_ops is None else {"top_ops_per_step": top_ops}),
         **({} if peer is None else {
             "peer": peer,
             "ratio_to_peer": round(tokens_per_s / peer["tokens_per_s"], 2) if "tokens_per_s" in peer else None,
