@@ -1,4 +1,4 @@
-"""int8 weights for CPU inference: the biLM's linear maps stored as int8 with one fp32 scale per output channel.
+"""int8 weights for CPU inference: the biLM's linear maps stored as int8 with one bf16 scale per output channel.
 
 On a CPU, "original" is bound by memory traffic: each recurrence step reads each direction's whole recurrent and
 projection weights for a few columns. Stored as int8 they are a quarter of the bytes. The products run on torch's
@@ -30,7 +30,7 @@ VECTORISED_CPU_KERNELS = ("AVX2", "AVX512")
 
 class Int8Linear(nn.Module):
     """
-    `nn.Linear`'s function with an int8 weight `(out_features, in_features)` and an fp32 scale per output row
+    `nn.Linear`'s function with an int8 weight `(out_features, in_features)` and a bf16 scale per output row
     (`weight ≈ weight_int8 * weight_scale[:, None]`), for CPU inference only (no gradient reaches the weight).
     Inputs and outputs stay fp32; the product runs on bf16 activations (see the module's docstring).
     """
@@ -112,13 +112,15 @@ def check_int8_cpu() -> None:
         )
 
 
-def quantize_linear_maps(module: nn.Module, linear_type: type) -> int:
-    """Replace every `linear_type` submodule of `module` by its `Int8Linear`; returns how many were replaced."""
-    replaced = 0
+def quantize_linear_maps(module: nn.Module, linear_type: type) -> None:
+    """Replace every `linear_type` submodule of `module` by its `Int8Linear`."""
     for name, child in list(module.named_children()):
         if isinstance(child, linear_type):
             setattr(module, name, Int8Linear.from_linear(child))
-            replaced += 1
         else:
-            replaced += quantize_linear_maps(child, linear_type)
-    return replaced
+            quantize_linear_maps(child, linear_type)
+
+
+def holds_int8_weights(module: nn.Module) -> bool:
+    """Whether `module` or any of its submodules is an `Int8Linear`."""
+    return any(isinstance(child, Int8Linear) for child in module.modules())

@@ -39,7 +39,7 @@ from .elmo_ops import (
     reverse_within_lengths,
     stack_layers,
 )
-from .int8_weights import Int8Linear, check_int8_cpu, quantize_linear_maps
+from .int8_weights import check_int8_cpu, holds_int8_weights, quantize_linear_maps
 from .log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
 from .token_cache import ElmoTokenCache
 from .weight_checks import from_pretrained_checked
@@ -111,7 +111,7 @@ def check_int8_run(module: nn.Module, implementation: ElmoImplementation, dropou
     int8 weights (`ElmoPreTrainedModel.quantize_int8`) are for CPU inference: they run on the "cpu" implementation,
     with no weight of `module` trainable and no LSTM dropout. Anything else fails here with one line, before any work.
     """
-    if not any(isinstance(child, Int8Linear) for child in module.modules()):
+    if not holds_int8_weights(module):
         return
     if implementation is not ELMO_IMPLEMENTATIONS["cpu"]:
         name = next(name for name, value in ELMO_IMPLEMENTATIONS.items() if value is implementation)
@@ -367,7 +367,7 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
 
     @property
     def has_int8_weights(self) -> bool:
-        return any(isinstance(module, Int8Linear) for module in self.modules())
+        return holds_int8_weights(self)
 
     def save_pretrained(self, *args, **kwargs):
         """`PreTrainedModel.save_pretrained`; a model with int8 weights is refused (they are made at load time)."""
