@@ -289,6 +289,7 @@ class PretrainingRun:
         from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
         from .elmo_implementations import implementation_name
+        from .host_memory import keep_freed_blocks
         from .pretraining_data import BatchEncoder, SentenceBatchStream, WordSplitter, resolve_shards
         from .threads import set_threads
         from .tokenization_elmo import ElmoTokenizer
@@ -318,6 +319,8 @@ class PretrainingRun:
         self.resume_from = prepare_output_dir(args, accelerator)
         set_seed(args.seed, device_specific=True)
         set_threads(args.threads)
+        if accelerator.device.type == "cpu":
+            keep_freed_blocks()  # the step's large tensors reuse memory instead of faulting it in (host_memory)
 
         self.split_words = WordSplitter(args.pre_tokenizer)
         files = resolve_shards(args.train_files, split_words=self.split_words)
