@@ -334,7 +334,11 @@ def recurrence_layer(layers, inputs, cell, hidden, active=None, rows_at=None):
     stacked = lambda name: torch.stack([getattr(layer, name).weight for layer in layers]).to(dtype)  # noqa: E731
     # The largest activation, kept in the matmul dtype as nn.Linear's output would be (the steps add it in fp32).
     bias = fold_forget_bias(torch.stack([layer.input_proj.bias for layer in layers]).float()).to(dtype)
-    input_gates = torch.einsum("tdrp,dgp->tdrg", inputs.to(dtype), stacked("input_proj")) + bias[None, :, None]
+    # The bias broadcast over rows before it is added: its gradient is then a sum over time and one over rows, where
+    # one sum over both (non-adjacent) dims runs ~15x slower on the CPU (20 ms a layer on the recipe config).
+    input_gates = torch.einsum("tdrp,dgp->tdrg", inputs.to(dtype), stacked("input_proj")) + bias[None, :, None].expand(
+        1, -1, inputs.shape[2], -1
+    )
     recurrent = stacked("recurrent_proj").transpose(1, 2)
     if isinstance(first.output_proj, torch.nn.Linear):
         projection = stacked("output_proj").transpose(1, 2)
