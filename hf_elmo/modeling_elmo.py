@@ -36,11 +36,13 @@ from .elmo_ops import (
     fold_forget_bias,
     highway,
     lstm_cell,
+    matmul_dtype,
     reverse_within_lengths,
     stack_layers,
 )
 from .int8_weights import check_int8_cpu, holds_int8_weights, quantize_linear_maps
 from .log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
+from .sampled_softmax import SampledSoftmaxLoss
 from .token_cache import ElmoTokenCache
 from .weight_checks import from_pretrained_checked
 
@@ -1299,22 +1301,19 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         true_bias, sampled_bias = bias.split([len(targets), num_samples])
         # The products in the matmul dtype; bias and correction added in fp32 (in bf16 the correction, up to ~13,
         # would be rounded to 1/16).
-        # The (positions x samples) logits are the step's largest tensor: each pass over them costs, so the bias and
-        # the correction are added in one pass, accidental hits are found per target (not by comparing every pair),
-        # and the loss is `logsumexp` over [true, sampled] minus the true logit, without concatenating them.
         true_logits = (hidden * true_weight).sum(-1).float() + (true_bias.float() - log_q_true.float())
-        sampled_logits = (hidden @ sampled_weight.t()).float() + (sampled_bias.float() - log_q_sampled.float())
+        sampled_shift = sampled_bias.float() - log_q_sampled.float()
         # A negative that happens to be the target would be counted against itself. The candidates are distinct, so
-        # a target is at most one of them: found by binary search in the sorted candidates.
+        # a target is at most one of them: found by binary search in the sorted candidates, and given -inf (0 added
+        # elsewhere: a write of static shape, no host sync).
         sorted_candidates, order = candidates.sort()
         slot = torch.searchsorted(sorted_candidates, targets).clamp_(max=num_samples - 1)
         hit = sorted_candidates[slot] == targets
-        rows = torch.arange(len(targets), device=targets.device)
-        # -inf added at each hit and 0 elsewhere: a write of static shape (no host sync) through which the gradient
-        # passes unchanged (at a hit it is zero anyway: the logit's probability is exp(-inf) = 0).
-        masked = torch.where(hit, float("-inf"), 0.0).to(sampled_logits.dtype)
-        sampled_logits.index_put_((rows, order[slot]), masked, accumulate=True)
-        return (torch.logaddexp(true_logits, torch.logsumexp(sampled_logits, dim=1)) - true_logits) * keep
+        hit_values = torch.where(hit, float("-inf"), 0.0)
+        dtype = matmul_dtype(hidden)  # cast here: the hand-written backward multiplies in the forward's dtype
+        losses = SampledSoftmaxLoss.apply(hidden.to(dtype), sampled_weight.to(dtype), sampled_shift, true_logits,
+                                          order[slot], hit_values)
+        return losses * keep
 
     @can_return_tuple
     def forward(

@@ -901,3 +901,34 @@ def test_sampled_softmax_losses_and_gradients_equal_the_plain_formula_with_accid
     assert losses[-2:].abs().max() == 0
     for actual, wanted in zip(grads, expected_grads):
         torch.testing.assert_close(actual, wanted, rtol=1e-5, atol=1e-6)
+
+
+def test_sampled_softmax_loss_in_bf16_autocast_and_its_single_backward():
+    # The scores are overwritten by the backward: under bf16 autocast its matmuls run in bf16 as the forward's did
+    # (gradients within bf16 rounding of fp32's), and a second backward through the same graph fails loudly instead
+    # of reading spent scores.
+    config = tiny_config(vocab_size=300, num_softmax_samples=40, lm_dropout=0.0)
+    torch.manual_seed(0)
+    model = ElmoForPreTraining(config)
+    targets = torch.randint(0, 300, (30,))
+    hidden = torch.randn(len(targets), config.projection_dim, requires_grad=True)
+
+    def losses_and_grads(autocast: bool):
+        torch.manual_seed(3)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            losses = model._sampled_softmax_losses(hidden, targets)
+        return losses, torch.autograd.grad(losses.sum(), [hidden, model.softmax.weight, model.softmax.bias])
+
+    exact, exact_grads = losses_and_grads(False)
+    rounded, rounded_grads = losses_and_grads(True)
+    assert rounded.dtype == torch.float32
+    assert 0 < float((rounded - exact).detach().abs().max()) <= 0.05 * float(exact.detach().abs().max())
+    for actual, wanted in zip(rounded_grads, exact_grads):
+        assert actual.dtype == torch.float32
+        assert 0 < float((actual - wanted).abs().max()) <= 0.02 * float(wanted.abs().max())
+
+    torch.manual_seed(3)
+    total = model._sampled_softmax_losses(hidden, targets).sum()
+    total.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        total.backward()
