@@ -24,7 +24,7 @@ SENTENCES = ["The bank raised its rates on Monday .", "We sat on the river bank 
 CODE_FILES = {
     "configuration_elmo.py", "modeling_elmo.py", "tokenization_elmo.py", "elmo_cpu.py", "elmo_cuda.py", "log_uniform_sampler.py",
     "weight_checks.py", "vocabulary.py", "atomic_file.py", "elmo_hub.py", "elmo_presets.py", "elmo_implementations.py",
-    "elmo_ops.py", "cpu_tuning.py", "token_cache.py", "int8_weights.py",
+    "elmo_ops.py", "cpu_tuning.py", "token_cache.py", "int8_weights.py", "sampled_softmax.py",
 }
 # (Auto class, model class) for every model class an ELMo folder can be loaded as.
 AUTO_MODELS = [
