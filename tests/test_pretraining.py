@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import os
+import platform
 import re
 import pickle
 import shutil
@@ -23,7 +24,7 @@ from transformers import AutoModel, AutoModelForPreTraining, AutoTokenizer
 from hf_elmo import ElmoConfig, ElmoForPreTraining, ElmoModel, ElmoTokenizer
 from hf_elmo.cli import pretrain_main
 from hf_elmo.log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
-from hf_elmo.pretraining import latest_checkpoint
+from hf_elmo.pretraining import COMPILED_LENGTH_BUCKET, latest_checkpoint, padding_multiple
 from hf_elmo.pretraining_data import (
     CorpusError,
     SentenceBatchStream,
@@ -368,6 +369,9 @@ def test_training_on_english_lowers_heldout_perplexity(trained, corpus, caplog):
     log = (trained / "test_log.txt").read_text(encoding="utf-8")
     perplexities = [tuple(map(float, m)) for m in re.findall(r"perplexity forward ([\d.]+), backward ([\d.]+)", log)]
     assert [int(s) for s in re.findall(r"step (\d+): held-out", log)] == [0, 15, 30]
+    # On a CPU with glibc, the run keeps freed memory for reuse (host_memory; its effect is tested there).
+    if platform.libc_ver()[0] == "glibc":
+        assert "Freed memory is kept for reuse (glibc malloc: large blocks from the heap, never trimmed)" in log
     # Untrained, the model is close to uniform over the vocabulary (bilm-tf's softmax init, N(0, 1/sqrt(dim)), on
     # layers of RMS ~0.1 gives logits of std ~0.1); 30 steps take it far below that, step by step.
     assert perplexities[0][0] == pytest.approx(len(vocab), rel=0.02)
@@ -932,3 +936,11 @@ def test_sampled_softmax_loss_in_bf16_autocast_and_its_single_backward():
     total.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         total.backward()
+
+
+def test_cpu_batches_are_padded_to_their_longest_sentence_and_compiled_ones_to_a_multiple_of_8():
+    config = tiny_config(vocab_size=300)
+    assert padding_multiple(config, torch.device("cpu")) == 1
+    assert padding_multiple(config, torch.device("cuda")) == COMPILED_LENGTH_BUCKET == 8
+    config.elmo_implementation = "cuda"  # the compiled implementation, wherever it runs
+    assert padding_multiple(config, torch.device("cpu")) == 8
