@@ -3,7 +3,8 @@
 Those scores are a pretraining step's largest tensor (64 sentences x 8192 negatives: about 100 MB), and every pass
 over it costs: written with autograd (bias add, `logsumexp`, their backwards) the step made five more tensors of
 its size and passed over them nine times. Here it is allocated once, by the matmul, and turned in place into
-unnormalised probabilities (four passes) and then into its own gradient (two), besides the three matmuls. The maths is the plain formula's, `-log_softmax([true, sampled])[0]`, as the tests check with gradients.
+unnormalised probabilities (four passes) and then into its own gradient (two), besides the three matmuls. The
+maths is the plain formula's, `-log_softmax([true, sampled])[0]`, as the tests check with gradients.
 """
 
 import torch
