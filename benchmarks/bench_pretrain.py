@@ -51,6 +51,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from hf_elmo.elmo_implementations import implementation_name  # noqa: E402
+from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG  # noqa: E402
 from hf_elmo.pretraining import LossWindow, PretrainingRun  # noqa: E402
 from hf_elmo.pretraining_args import parse_args as parse_pretraining_args  # noqa: E402
 from hf_elmo.pretraining_data import (  # noqa: E402
@@ -64,9 +65,6 @@ from hf_elmo.testing_utils import cpu_model, english_text_sample  # noqa: E402
 from hf_elmo.tokenization_elmo import ElmoTokenizer  # noqa: E402
 from hf_elmo.vocabulary import build_vocab, write_vocab  # noqa: E402
 
-
-sys.path.insert(0, os.path.join(REPO_ROOT, "benchmarks"))
-from pretraining_recipe import CONFIG as RECIPE_CONFIG  # noqa: E402
 
 
 def peak_rss_mib() -> float | None:
@@ -261,7 +259,7 @@ def main():
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--config", default="small",
                         help="the biLM: small, original, recipe (the 5.2M-parameter biLM of the pretraining issues, "
-                             "pretraining_recipe.py's CONFIG), or a config.json / bilm-tf options.json "
+                             "hf_elmo.elmo_presets.CPU_PRETRAINING_CONFIG), or a config.json / bilm-tf options.json "
                              "(default: %(default)s)")
     parser.add_argument("--peer", choices=("bilm-tf",), default=None,
                         help="also time bilm-tf's own training (bilm_tf_peer.py, in a venv of its own) on the same "
@@ -298,7 +296,7 @@ def main():
     if args.config == "recipe":
         args.config = os.path.join(config_dir, "config.json")
         with open(args.config, "w", encoding="utf-8") as handle:
-            json.dump(RECIPE_CONFIG, handle)
+            json.dump(CPU_PRETRAINING_CONFIG, handle)
     text = args.text or str(english_text_sample())
     splitter = WordSplitter("ptb")
     files = resolve_shards([text], what="--text", split_words=splitter)

