@@ -66,7 +66,6 @@ from hf_elmo.tokenization_elmo import ElmoTokenizer  # noqa: E402
 from hf_elmo.vocabulary import build_vocab, write_vocab  # noqa: E402
 
 
-
 def peak_rss_mib() -> float | None:
     try:
         with open("/proc/self/status", encoding="utf-8") as handle:

@@ -24,7 +24,6 @@ from torch import nn
 
 from .cpu_tuning import few_column_matmul, step_columns
 from .elmo_implementations import ElmoImplementation
-from .int8_weights import Int8Linear
 from .elmo_ops import (
     batched_bilstm,
     clip,
@@ -33,6 +32,7 @@ from .elmo_ops import (
     lstm_cell,
     stack_layers,
 )
+from .int8_weights import Int8Linear
 
 
 logger = logging.getLogger(__name__)
