@@ -181,7 +181,12 @@ def summary_of(runs: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # Before anything is fetched or written: a mistyped folder is one line, not a traceback after the data stage.
+    if args.pretrained is not None and not os.path.isfile(os.path.join(args.pretrained, "eval_results.json")):
+        parser.error(f"--pretrained {args.pretrained}: not a finished `hf-elmo pretrain` folder (no eval_results.json "
+                     "in it).")
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     import torch
     from transformers import AutoTokenizer

@@ -28,6 +28,18 @@ def test_conll2003_is_the_standard_split():
     assert counts == {"train": 14041, "valid": 3250, "test": 3453}
 
 
+def test_a_pretrained_folder_that_is_not_a_pretraining_run_is_one_line(tmp_path, capsys):
+    downstream = load_example("downstream_ner")
+    with pytest.raises(SystemExit) as stopped:
+        downstream.main(["--output-dir", str(tmp_path / "out"), "--pretrained", str(tmp_path / "nope")])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    # argparse's "PROG: error: " prefix, PROG being how the script was started.
+    assert error.endswith(f": error: --pretrained {tmp_path / 'nope'}: not a finished `hf-elmo pretrain` folder (no "
+                          "eval_results.json in it).")
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_experiment_runs_end_to_end_on_slices(tmp_path, capsys):
     (tmp_path / "tiny.json").write_text(json.dumps(TINY), encoding="utf-8")
     output = tmp_path / "experiment"
