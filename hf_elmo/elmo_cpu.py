@@ -32,7 +32,7 @@ from .elmo_ops import (
     lstm_cell,
     stack_layers,
 )
-from .int8_weights import Int8Linear
+from .int8_weights import Int8Linear, RecurrenceProducts
 
 
 logger = logging.getLogger(__name__)
@@ -328,11 +328,14 @@ def _works_in_place(module, tokens: torch.Tensor) -> bool:
 
 
 def _product(linear, columns: torch.Tensor, out: torch.Tensor | None = None, add: torch.Tensor | None = None,
-             few_columns: bool = True) -> torch.Tensor:
+             few_columns: bool = True, step_products: dict | None = None) -> torch.Tensor:
     """
-    `add + linear.weight @ columns` (feature-major), into `out` when given: on the int8 kernel for an `Int8Linear`,
-    else BLAS, through `few_column_matmul` for a recurrence step's few columns.
+    `add + linear.weight @ columns` (feature-major), into `out` when given: for an `Int8Linear` on its kernel (as
+    prepared in `step_products` when there), else BLAS, through `few_column_matmul` for a recurrence step's few
+    columns.
     """
+    if step_products and linear in step_products:
+        return step_products[linear].columns_product(columns, out, add)
     if isinstance(linear, Int8Linear):
         return linear.columns_product(columns, out=out, add=add)
     if few_columns:
@@ -370,10 +373,19 @@ def _direction(
     block_positions = max(1, INPUT_GATES_BLOCK_VALUES // (4 * lstm_dim))
 
     # Scratch buffers, shared by every layer and direction of this forward (fewer large allocations).
-    def scratch(name: str, size: int, zeroed: bool = False) -> torch.Tensor:
+    def scratch(name: str, size: int, zeroed: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
         if name not in workspace or workspace[name].numel() < size:
-            workspace[name] = cell.new_zeros(size) if zeroed else cell.new_empty(size)
+            workspace[name] = cell.new_zeros(size, dtype=dtype) if zeroed else cell.new_empty(size, dtype=dtype)
         return workspace[name][:size]
+
+    # Where int8 weights run on "bf16-dot", they are widened once for all of this direction's steps.
+    step_products = {
+        linear: RecurrenceProducts(
+            linear, batch_size, lambda name, size, role=role, **options: scratch(f"{role}_{name}", size, **options)
+        )
+        for role, linear in (("recurrent", layer.recurrent_proj), ("projection", layer.output_proj))
+        if isinstance(linear, Int8Linear) and linear.kernel == "bf16-dot"
+    }
 
     # Zeroed: a step may compute on columns it has not written yet, which must be finite.
     gates_buffer = scratch("gates", 4 * lstm_dim * batch_size, zeroed=True)
@@ -425,7 +437,7 @@ def _direction(
         gates[:, :rows] = input_part  # the finished rows' columns keep earlier (finite) values
         new_cell = cell_buffers[step_index % 2][: lstm_dim * columns].view(lstm_dim, columns)
         new_hidden = hidden_buffers[step_index % 2][: hidden.shape[0] * columns].view(-1, columns)
-        cell, hidden = _step(layer, cell, hidden, gates, new_cell, new_hidden)
+        cell, hidden = _step(layer, cell, hidden, gates, new_cell, new_hidden, step_products)
         packed[offset : offset + rows].copy_(hidden[:, :rows].t())
         offset += rows
     final_cell[:, :reading] = cell[:, :reading]
@@ -433,17 +445,17 @@ def _direction(
     return final_cell.t(), final_hidden.t()
 
 
-def _step(layer, cell, hidden, gates, new_cell, new_hidden):
+def _step(layer, cell, hidden, gates, new_cell, new_hidden, step_products=None):
     """
     One step of `layer` (an `ElmoLstmLayer`), feature-major: `gates` `(4 * lstm_dim, columns)` holds the input part
     of the gates and receives the rest; the new state goes into the buffers `new_cell` and `new_hidden` (it reads
-    `cell` and `hidden`). Contiguous gates make the element-wise work several times faster than working in place
+    `cell` and `hidden`). `step_products`: as in `_product`. Contiguous gates make the element-wise work several times faster than working in place
     on a column slice of the input gates.
     """
-    _product(layer.recurrent_proj, hidden, gates, add=gates)
+    _product(layer.recurrent_proj, hidden, gates, add=gates, step_products=step_products)
     new_cell, cell_output = lstm_cell(gates, cell, layer.cell_clip, dim=0, in_place=True, new_cell=new_cell)
     if not isinstance(layer.output_proj, nn.Identity):
-        _product(layer.output_proj, cell_output, new_hidden)
+        _product(layer.output_proj, cell_output, new_hidden, step_products=step_products)
     else:
         new_hidden.copy_(cell_output)
     return new_cell, clip(new_hidden, layer.proj_clip, in_place=True)

@@ -1,19 +1,36 @@
 """int8 weights for CPU inference: the biLM's linear maps stored as int8 with one bf16 scale per output channel.
 
 On a CPU, "original" is bound by memory traffic: each recurrence step reads each direction's whole recurrent and
-projection weights for a few columns. Stored as int8 they are a quarter of the bytes. The products run on torch's
-own int8 weight-only kernel (`aten._weight_int8pack_mm`, the kernel torchao's int8 weight-only mode calls on a CPU):
-it takes bf16 activations, widens both operands to fp32 inside, accumulates in fp32 and applies the scales, and
-returns bf16. Chosen over torchao itself because the "cpu" implementation multiplies feature-major (`weight @
-columns`, into preallocated buffers), which torchao's tensor subclass does not dispatch, and the kernel is all it
-would add; over fp16 activations (more mantissa) because the kernel has vectorised code only for bf16 (fp16 and
-fp32 activations measured 10-30x slower here).
+projection weights for a few columns. Stored as int8 they are a quarter of the bytes. A product rounds its input
+columns to bf16, sums the int8 values times them in fp32, rounds each sum to bf16 once, and multiplies it by its
+row's scale in fp32 (exact: both are bf16). Two of torch's own kernels compute the sums; a process runs every
+product on one of them (`product_kernel`), so that a sentence's vectors do not depend on its batch:
+
+- "bf16-dot", on a CPU with bf16 dot-product instructions (AVX512-BF16 or AMX): the int8 values are widened to
+  bf16, which holds every integer up to 256 exactly, and multiplied by oneDNN's bf16 matmul (`torch.mm`), two
+  multiply-adds where fp32 does one. Measured on a Zen 4 core, 390 GFLOP/s at 32 columns, against 145 for
+  "int8-pack" and 115 for MKL's fp32 sgemm on the same shape (benchmarks/README.md). The recurrence widens each
+  direction's weights once, into buffers it reuses for every step (`RecurrenceProducts`); other products widen a
+  block of rows at a time.
+- "int8-pack" elsewhere: torch's int8 weight-only kernel (`aten._weight_int8pack_mm`, the kernel torchao's int8
+  weight-only mode calls on a CPU), which widens to fp32 inside; vectorised for AVX2 and AVX-512, and only for bf16
+  activations (fp16 and fp32 activations measured 10-30x slower). It is handed scales of 1, and the scales applied
+  afterwards, so that both kernels compute one function, up to the order of each sum.
+
+`HF_ELMO_INT8_KERNEL=int8-pack` (or `bf16-dot`) in the environment, read when weights are quantized, picks the
+kernel instead: for vectors that are the same on machines with and without bf16 instructions, to the last bit.
+
+Both are torch's own kernels, chosen over torchao's int8 weight-only tensor subclass because the "cpu"
+implementation multiplies feature-major (`weight @ columns`, into preallocated buffers), which the subclass does
+not dispatch, and the kernel is all it would add.
 
 What changes from fp32: each weight is rounded to 255 levels per output channel (symmetric, scale ≈ max |w| / 127),
 each product's input and output are rounded to bf16. The cell state, the gates' non-linearities, the clipping, the
 char CNN's convolutions and embeddings stay in fp32: a clip is still exact at its limit. The error this costs is
-measured in benchmarks/README.md; the tests hold it to `INT8_FIXTURE_BOUND` on bilm-tf's fixture.
+measured in benchmarks/README.md; the tests hold it to `INT8_FIXTURE_BOUND` on bilm-tf's fixture, on both kernels.
 """
+
+import os
 
 import torch
 from torch import nn
@@ -26,6 +43,59 @@ INT8_LEVELS = 127
 KERNEL_WIDTH_MULTIPLE = 16
 # torch's CPU kernel levels (`torch.backends.cpu.get_cpu_capability()`) on which the int8 kernel is vectorised.
 VECTORISED_CPU_KERNELS = ("AVX2", "AVX512")
+# The environment variable that picks the kernel (see the module's docstring).
+KERNEL_VARIABLE = "HF_ELMO_INT8_KERNEL"
+KERNELS = ("bf16-dot", "int8-pack")
+# "bf16-dot" widens a weight that is not prepared (`RecurrenceProducts`) this many values at a time (2 MB of bf16):
+# each block's product stays large while the widened copy stays small.
+WIDENED_BLOCK_VALUES = 1 << 20
+
+
+def has_bf16_dot_products() -> bool:
+    """Whether this CPU has bf16 dot-product instructions (AVX512-BF16 or AMX), on which oneDNN's bf16 matmuls do two
+    multiply-adds where fp32 does one (elsewhere they are emulated, slower than fp32)."""
+    queries = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    # Private queries of `torch.cpu`: a torch without them is taken to have neither.
+    return any(getattr(torch.cpu, query, lambda: False)() for query in queries)
+
+
+def product_kernel() -> str:
+    """The kernel int8 weights quantized now run on: `HF_ELMO_INT8_KERNEL` when set, else "bf16-dot" on a CPU with
+    bf16 dot products and "int8-pack" elsewhere (see the module's docstring)."""
+    chosen = os.environ.get(KERNEL_VARIABLE, "").strip().lower()
+    if chosen and chosen not in KERNELS:
+        raise ValueError(f"{KERNEL_VARIABLE}={chosen!r}: expected one of {', '.join(KERNELS)}, or unset.")
+    return chosen or ("bf16-dot" if has_bf16_dot_products() else "int8-pack")
+
+
+def product_columns(count: int) -> int:
+    """
+    How many columns "bf16-dot" multiplies to get `count` (the rest are discarded): 2, 4, 8, then multiples of 8 up
+    to 32, then of 32. oneDNN builds and keeps a kernel for every product shape it meets (0.7 MiB each, measured),
+    and a recurrence over batches meets every column count up to the batch size: a few sizes bound that memory, for
+    at most 7 columns' extra work up to 32. One column is multiplied as two: oneDNN sums a matrix-vector product in
+    another order, and a sentence read alone would get other vectors than in a batch (measured: up to 1 bf16 step
+    in the projection's sums, 0.008 in the outputs); from 2 columns up, each column's sums are the same bit for bit
+    whatever the count and the column's place (tested).
+    """
+    if count <= 8:
+        return max(2, 1 << (count - 1).bit_length()) if count > 0 else 0
+    step = 8 if count <= 32 else 32
+    return -(-count // step) * step
+
+
+def _scaled_into(out: torch.Tensor, product: torch.Tensor, scale: torch.Tensor, add: torch.Tensor | None,
+                 widened: torch.Tensor | None = None) -> torch.Tensor:
+    """
+    `out = add + scale * product` for an unscaled bf16 `product`, in fp32. `add` may be `out` itself; then `product`
+    is widened to fp32 first, into `widened` when given (`addcmul_` would widen it into a new temporary).
+    """
+    if add is out:
+        widened = product.float() if widened is None else widened[: product.numel()].view_as(product).copy_(product)
+        return out.addcmul_(widened, scale)
+    # Widened, scaled, then added: three quick passes (`torch.addcmul` of a bf16 operand measured 3x slower).
+    out.copy_(product).mul_(scale)
+    return out if add is None else out.add_(add)
 
 
 class Int8Linear(nn.Module):
@@ -37,7 +107,7 @@ class Int8Linear(nn.Module):
 
     def __init__(self, weight_int8: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None,
                  bilm_tf_variable: str | None = None):
-        """`weight_scale` in bf16 (the kernel multiplies by the scales in the activations' dtype)."""
+        """`weight_scale` in bf16 (exact in fp32, where the products are scaled)."""
         super().__init__()
         self.out_features, self.in_features = weight_int8.shape
         self.bilm_tf_variable = bilm_tf_variable
@@ -45,6 +115,10 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", nn.functional.pad(weight_int8, (0, padding)))
         self.register_buffer("weight_scale", weight_scale)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        # "int8-pack" is handed these scales, the scales applied afterwards (see the module's docstring).
+        self.register_buffer("unit_scale", torch.ones_like(weight_scale), persistent=False)
+        # The kernel every product of this weight runs on (`product_kernel`).
+        self.kernel = product_kernel()
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
@@ -66,36 +140,78 @@ class Int8Linear(nn.Module):
         """The fp32 weight these int8 values stand for (for tests and error bounds; never used to compute)."""
         return self.weight_int8[:, : self.in_features].float() * self.weight_scale.float()[:, None]
 
-    def _rows_product(self, rows: torch.Tensor) -> torch.Tensor:
-        """`rows @ weight.t()` for `rows` `(n, in_features)`, in bf16 `(n, out_features)`."""
-        width = self.weight_int8.shape[1]
-        if width == self.in_features:
-            rows = rows.to(torch.bfloat16, memory_format=torch.contiguous_format)
-        else:
-            rows = nn.functional.pad(rows.to(torch.bfloat16), (0, width - self.in_features))
-        return torch.ops.aten._weight_int8pack_mm(rows, self.weight_int8, self.weight_scale)
+    def widened_weight(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The int8 values as bf16 `(out_features, in_features)` (exact), into `out` when given."""
+        values = self.weight_int8[:, : self.in_features]
+        return values.to(torch.bfloat16) if out is None else out.copy_(values)
+
+    def int8_pack_product(self, columns: torch.Tensor) -> torch.Tensor:
+        """The unscaled product of bf16 `columns` `(in_features, n)` on "int8-pack": bf16 `(out_features, n)` (a
+        transposed view)."""
+        rows = nn.functional.pad(columns.t(), (0, self.weight_int8.shape[1] - self.in_features))
+        return torch.ops.aten._weight_int8pack_mm(rows.contiguous(), self.weight_int8, self.unit_scale).t()
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        product = self._rows_product(inputs.reshape(-1, self.in_features)).view(*inputs.shape[:-1], -1)
-        output = product.to(inputs.dtype)
-        return output if self.bias is None else output.add_(self.bias)
+        columns = inputs.reshape(-1, self.in_features).t()
+        bias = None if self.bias is None else self.bias[:, None]
+        return self.columns_product(columns, add=bias).t().reshape(*inputs.shape[:-1], self.out_features)
 
     def columns_product(self, columns: torch.Tensor, out: torch.Tensor | None = None,
                         add: torch.Tensor | None = None) -> torch.Tensor:
         """
-        `add + weight @ columns` for feature-major `columns` `(in_features, n)`, the shape the "cpu" implementation
-        multiplies in (as `cpu_tuning.few_column_matmul`): written into `out` when given, else returned. `add` may
-        be `out` itself or broadcast to it (a bias column).
+        `add + weight @ columns` for feature-major fp32 `columns` `(in_features, n)`, the shape the "cpu"
+        implementation multiplies in (as `cpu_tuning.few_column_matmul`): written into `out` when given, else
+        returned. `add` may be `out` itself, or `(out_features, 1 or n)`.
         """
-        product = self._rows_product(columns.t()).t()
-        if out is None:
-            return product.float() if add is None else add + product
-        if add is None:
-            return out.copy_(product)
-        return torch.add(add, product, out=out)
+        count = columns.shape[1]
+        out = columns.new_empty(self.out_features, count) if out is None else out
+        scale = self.weight_scale.to(out.dtype)[:, None]
+        columns = columns.to(torch.bfloat16)
+        if self.kernel == "int8-pack":
+            return _scaled_into(out, self.int8_pack_product(columns), scale, add)
+        # "bf16-dot", the weight widened a block of rows at a time, each block's product scaled into its rows.
+        columns = nn.functional.pad(columns, (0, product_columns(count) - count))
+        block_rows = max(1, WIDENED_BLOCK_VALUES // self.in_features)
+        widened = columns.new_empty(min(block_rows, self.out_features), self.in_features)
+        for start in range(0, self.out_features, block_rows):
+            rows = slice(start, min(start + block_rows, self.out_features))
+            weight = widened[: rows.stop - start].copy_(self.weight_int8[rows, : self.in_features])
+            part_add = out[rows] if add is out else None if add is None else add[rows]
+            _scaled_into(out[rows], torch.mm(weight, columns)[:, :count], scale[rows], part_add)
+        return out
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row scales"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row scales, "
+                f"kernel={self.kernel!r}")
+
+
+class RecurrenceProducts:
+    """
+    An `Int8Linear` on "bf16-dot" prepared for a recurrence's many products of a few columns: its int8 values
+    widened to bf16 once, and the buffers every step's product reuses, all from `buffer(name, numel, dtype=...,
+    zeroed=False)` (the caller's scratch memory, shared between layers). Widening per product would cost a third of
+    it; allocating per step fragments the heap (measured: +30-60 MiB peak RSS on "original").
+    """
+
+    def __init__(self, linear: Int8Linear, max_columns: int, buffer):
+        out_features, in_features = linear.out_features, linear.in_features
+        width = product_columns(max_columns)
+        self.weight = linear.widened_weight(out=buffer("weight", out_features * in_features, dtype=torch.bfloat16)
+                                            .view(out_features, in_features))
+        self.scale = linear.weight_scale.float()[:, None]
+        self.columns = buffer("columns", in_features * width, dtype=torch.bfloat16, zeroed=True)
+        self.product = buffer("product", out_features * width, dtype=torch.bfloat16)
+        self.widened_product = buffer("widened_product", out_features * max_columns, dtype=torch.float32)
+
+    def columns_product(self, columns: torch.Tensor, out: torch.Tensor, add: torch.Tensor | None = None):
+        """`Int8Linear.columns_product` for `columns` `(in_features, n <= max_columns)`, into `out`."""
+        count, width = columns.shape[1], product_columns(columns.shape[1])
+        # Columns past `count` hold zeros or earlier steps' (finite) values: their products are discarded.
+        padded = self.columns[: columns.shape[0] * width].view(-1, width)
+        padded[:, :count] = columns
+        product = self.product[: self.weight.shape[0] * width].view(-1, width)
+        product = torch.mm(self.weight, padded, out=product)[:, :count]
+        return _scaled_into(out, product, self.scale, add, self.widened_product)
 
 
 class Int8CpuError(RuntimeError):
@@ -124,3 +240,4 @@ def quantize_linear_maps(module: nn.Module, linear_type: type) -> None:
 def holds_int8_weights(module: nn.Module) -> bool:
     """Whether `module` or any of its submodules is an `Int8Linear`."""
     return any(isinstance(child, Int8Linear) for child in module.modules())
+
