@@ -73,10 +73,10 @@ def product_columns(count: int) -> int:
     How many columns "bf16-dot" multiplies to get `count` (the rest are discarded): 2, 4, 8, then multiples of 8 up
     to 32, then of 32. oneDNN builds and keeps a kernel for every product shape it meets (0.7 MiB each, measured),
     and a recurrence over batches meets every column count up to the batch size: a few sizes bound that memory, for
-    at most 7 columns' extra work up to 32. One column is multiplied as two: oneDNN sums a matrix-vector product in
-    another order, and a sentence read alone would get other vectors than in a batch (measured: up to 1 bf16 step
-    in the projection's sums, 0.008 in the outputs); from 2 columns up, each column's sums are the same bit for bit
-    whatever the count and the column's place (tested).
+    at most 7 columns' extra work up to 32. One column is multiplied as two: oneDNN computes a lone column as a
+    matrix-vector product, which summed in another order in some of our processes, so that a sentence read alone
+    got other vectors than in a batch (0.008 in "original"'s outputs). From 2 columns up, each column's sums were
+    the same bit for bit whatever the count and the column's place, in every process (tests/test_int8.py).
     """
     if count <= 8:
         return max(2, 1 << (count - 1).bit_length()) if count > 0 else 0

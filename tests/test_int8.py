@@ -13,12 +13,21 @@ from torch import nn
 
 from hf_elmo import ElmoForTokenClassification, ElmoModel, ElmoTokenizer
 from hf_elmo.cli import main
-from hf_elmo.int8_weights import INT8_LEVELS, Int8Linear
+from hf_elmo.int8_weights import INT8_LEVELS, Int8Linear, RecurrenceProducts, product_columns
 
 
 # The largest difference int8 weights make to any layer of bilm-tf's fixture sentences (measured: 0.018 on the token
 # layer, whose values reach 7.1, and 0.015-0.018 on the LSTM layers; README "int8 weights").
 INT8_FIXTURE_BOUND = 0.05
+KERNELS = ("bf16-dot", "int8-pack")
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request, monkeypatch):
+    """Each int8 kernel in turn, picked as users pick it (on a CPU without bf16 dot products, "bf16-dot" runs
+    oneDNN's emulation: slower, the same function)."""
+    monkeypatch.setenv("HF_ELMO_INT8_KERNEL", request.param)
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -57,23 +66,80 @@ def test_a_weight_is_rounded_to_half_a_level_of_its_row():
 
 
 @pytest.mark.parametrize("in_features", [40, 64])
-def test_the_product_is_the_dequantized_weights_on_bf16_inputs_rounded_once(in_features):
+def test_the_product_is_the_dequantized_weights_on_bf16_inputs_rounded_once(in_features, kernel):
     torch.manual_seed(1)
     linear = nn.Linear(in_features, 48).requires_grad_(False)
     int8 = Int8Linear.from_linear(linear)
+    assert int8.kernel == kernel and f"kernel={kernel!r}" in repr(int8)
     inputs = torch.randn(2, 5, in_features)
     expected = inputs.bfloat16().float() @ int8.dequantized_weight().t()
     # Accumulated in fp32 from the same operands, then the output is rounded to bf16 once: at most half a bf16
     # step (2^-9 relative) off, plus the fp32 accumulation's rounding.
     bound = expected.abs() * 2.0**-8 + 1e-5
     assert bool(((int8(inputs) - linear.bias - expected).abs() <= bound).all())
+    # The unscaled sums are integers times bf16 numbers: the scale is applied after their rounding, exactly.
+    sums = (inputs.bfloat16().float() @ int8.weight_int8[:, :in_features].float().t()).bfloat16().float()
+    assert (int8(inputs) - linear.bias - sums * int8.weight_scale.float()).abs().max() <= 1e-5 * sums.abs().max()
     columns = inputs.reshape(-1, in_features).t()
     out = torch.full((48, 10), float("nan"))
     assert int8.columns_product(columns, out=out, add=linear.bias[:, None]) is out
     assert torch.equal(out, int8(inputs).reshape(-1, 48).t())
 
 
-def test_int8_outputs_stay_within_the_bound_of_fp32_on_the_bilm_tf_fixture(converted_dir, fixture_batch):
+def test_both_kernels_compute_one_function_up_to_the_order_of_each_sum(monkeypatch):
+    torch.manual_seed(2)
+    linear = nn.Linear(96, 64).requires_grad_(False)
+    columns = torch.randn(96, 7)
+    products = {}
+    for name in KERNELS:
+        monkeypatch.setenv("HF_ELMO_INT8_KERNEL", name)
+        products[name] = Int8Linear.from_linear(linear).columns_product(columns)
+    # Both round the same fp32 sums to bf16, scaled after: a different order of summing can move a sum by one bf16
+    # step (2^-8 relative) at most, and moves most by none.
+    difference = (products["bf16-dot"] - products["int8-pack"]).abs()
+    assert bool((difference <= products["int8-pack"].abs() * 2.0**-8 + 1e-6).all())
+    assert (difference == 0).float().mean() > 0.9
+
+
+def test_an_unknown_kernel_is_one_clear_error(converted_dir, monkeypatch):
+    monkeypatch.setenv("HF_ELMO_INT8_KERNEL", "avx512")
+    expected = r"^HF_ELMO_INT8_KERNEL='avx512': expected one of bf16-dot, int8-pack, or unset\.$"
+    with pytest.raises(ValueError, match=expected):
+        ElmoModel.from_pretrained(converted_dir, int8_weights=True)
+
+
+def test_bf16_dot_rounds_column_counts_to_a_few_sizes_never_one():
+    assert [product_columns(n) for n in range(0, 12)] == [0, 2, 2, 4, 4, 8, 8, 8, 8, 16, 16, 16]
+    assert [product_columns(n) for n in (17, 24, 25, 32, 33, 64, 65, 129, 256)] == [24, 24, 32, 32, 64, 64, 96, 160, 256]
+
+
+def test_a_column_gets_the_same_bits_whatever_the_count_and_its_place(monkeypatch):
+    """What keeps a sentence's vectors independent of its batch on "bf16-dot": each column's sums do not depend on
+    the other columns (at "original"'s projection shape; a lone column is multiplied as two, `product_columns`)."""
+    monkeypatch.setenv("HF_ELMO_INT8_KERNEL", "bf16-dot")
+    torch.manual_seed(3)
+    linear = Int8Linear.from_linear(nn.Linear(4096, 512).requires_grad_(False))
+    column = torch.randn(4096, 1)
+
+    def buffer(name, numel, dtype, zeroed=False):
+        return torch.zeros(numel, dtype=dtype) if zeroed else torch.full((numel,), float("nan"), dtype=dtype)
+
+    prepared = RecurrenceProducts(linear, 17, buffer)
+    alone = linear.columns_product(column)
+    for count in (1, 2, 3, 9, 17):
+        for place in {0, count // 2, count - 1}:
+            columns = torch.randn(4096, count)
+            columns[:, place] = column[:, 0]
+            assert torch.equal(linear.columns_product(columns)[:, place], alone[:, 0])
+            out = torch.empty(512, count)
+            assert torch.equal(prepared.columns_product(columns, out)[:, place], alone[:, 0])
+            # The step's in-place form (gates += product) adds the same product.
+            start = torch.randn(512, count)
+            gates = prepared.columns_product(columns, start.clone(), add=None).add_(start)
+            assert torch.allclose(prepared.columns_product(columns, start, add=start), gates, rtol=0, atol=1e-6)
+
+
+def test_int8_outputs_stay_within_the_bound_of_fp32_on_the_bilm_tf_fixture(converted_dir, fixture_batch, kernel):
     fp32 = all_layers(ElmoModel.from_pretrained(converted_dir), fixture_batch)
     model = ElmoModel.from_pretrained(converted_dir, int8_weights=True)
     assert model.has_int8_weights and not model.training
@@ -89,7 +155,7 @@ def test_int8_outputs_stay_within_the_bound_of_fp32_on_the_bilm_tf_fixture(conve
     assert torch.equal(all_layers(ElmoModel.from_pretrained(converted_dir).quantize_int8(), fixture_batch), int8)
 
 
-def test_int8_vectors_do_not_depend_on_batch_or_padding(converted_dir):
+def test_int8_vectors_do_not_depend_on_batch_or_padding(converted_dir, kernel):
     model = ElmoModel.from_pretrained(converted_dir, int8_weights=True)
     tokenizer = ElmoTokenizer()
     target = "The virus spread quickly through the schools .".split()
