@@ -64,7 +64,7 @@ def product_kernel() -> str:
     bf16 dot products and "int8-pack" elsewhere (see the module's docstring)."""
     chosen = os.environ.get(KERNEL_VARIABLE, "").strip().lower()
     if chosen and chosen not in KERNELS:
-        raise ValueError(f"{KERNEL_VARIABLE}={chosen!r}: expected one of {', '.join(KERNELS)}, or unset.")
+        raise Int8CpuError(f"{KERNEL_VARIABLE}={chosen!r}: expected one of {', '.join(KERNELS)}, or unset.")
     return chosen or ("bf16-dot" if has_bf16_dot_products() else "int8-pack")
 
 
@@ -215,7 +215,8 @@ class RecurrenceProducts:
 
 
 class Int8CpuError(RuntimeError):
-    """This CPU cannot run int8 weights faster than fp32."""
+    """int8 weights cannot run on this CPU as asked: it has no fast kernel for them, or the kernel asked for is
+    unknown."""
 
 
 def check_int8_cpu() -> None:

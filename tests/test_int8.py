@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ from torch import nn
 
 from hf_elmo import ElmoForTokenClassification, ElmoModel, ElmoTokenizer
 from hf_elmo.cli import main
-from hf_elmo.int8_weights import INT8_LEVELS, Int8Linear, RecurrenceProducts, product_columns
+from hf_elmo.int8_weights import INT8_LEVELS, Int8CpuError, Int8Linear, RecurrenceProducts, product_columns
 
 
 # The largest difference int8 weights make to any layer of bilm-tf's fixture sentences (measured: 0.018 on the token
@@ -101,11 +102,18 @@ def test_both_kernels_compute_one_function_up_to_the_order_of_each_sum(monkeypat
     assert (difference == 0).float().mean() > 0.9
 
 
-def test_an_unknown_kernel_is_one_clear_error(converted_dir, monkeypatch):
+def test_an_unknown_kernel_is_one_clear_error(converted_dir, elmo_fixture, monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("HF_ELMO_INT8_KERNEL", "avx512")
-    expected = r"^HF_ELMO_INT8_KERNEL='avx512': expected one of bf16-dot, int8-pack, or unset\.$"
-    with pytest.raises(ValueError, match=expected):
+    message = "HF_ELMO_INT8_KERNEL='avx512': expected one of bf16-dot, int8-pack, or unset."
+    with pytest.raises(Int8CpuError, match=f"^{re.escape(message)}$"):
         ElmoModel.from_pretrained(converted_dir, int8_weights=True)
+    source = tmp_path / "in.txt"
+    source.write_text("One line .\n", encoding="utf-8")
+    assert main(["embed", str(source), str(tmp_path / "out.hdf5"), "--model", str(converted_dir), "--int8",
+                 "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"error: {message}" and "Traceback" not in err
+    assert not (tmp_path / "out.hdf5").exists()
 
 
 def test_bf16_dot_rounds_column_counts_to_a_few_sizes_never_one():
