@@ -32,7 +32,7 @@ from .elmo_ops import (
     lstm_cell,
     stack_layers,
 )
-from .int8_weights import Int8Linear, RecurrenceProducts
+from .int8_weights import Int8Linear, RecurrenceProducts, has_bf16_dot_products
 
 
 logger = logging.getLogger(__name__)
@@ -55,17 +55,9 @@ INPUT_GATES_TABLE_VALUES = 1 << 22
 HASH_CHUNK_ROWS = 256
 
 
-def _has_native_bf16_matmuls() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX), as oneDNN reports it."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # a torch without the query: assume it does
-        return True
-
-
 @functools.cache
 def _warn_about_emulated_bf16() -> None:
-    if not _has_native_bf16_matmuls():
+    if not has_bf16_dot_products():
         logger.warning(
             "ELMo runs in bf16 on a CPU without bf16 matrix instructions (AVX512-BF16 or AMX): its bf16 matmuls are "
             "emulated, many times slower than fp32 (benchmarks/README.md). Keep the model in fp32 on this machine."
@@ -234,7 +226,10 @@ def bilstm(
         run_layer, layer_input, len(module.forward_layers), module.use_skip_connections,
         keep=lambda index: index in output_layers, in_place=True,
     )
-    workspace.clear()  # before the padded outputs are allocated
+    # Before the padded outputs are allocated: the workspace, and the first layer's inputs (3 MB for "original"
+    # at batch 32, unless it read the table).
+    workspace.clear()
+    del layer_input
     # Unpack straight into the padded output layout (zeros past each row's length), backward outputs back in
     # reading order. Without the first and last positions, those land in one spare row past the end.
     out_steps = num_steps - 2 if words_only else num_steps
@@ -244,11 +239,13 @@ def bilstm(
         target = torch.where(is_word_position(steps, sorted_lengths[row_index]), target - 1, batch_size * out_steps)
     half = torch.arange(2, device=tokens.device)[:, None].expand_as(target)
     layer_outputs = []
-    for index in output_layers:
+    for position, index in enumerate(output_layers):
         output = packed_outputs[index]
         unpacked = output.new_zeros(batch_size * out_steps + words_only, 2, width)
         unpacked.index_put_((target.flatten(), half.flatten()), output.flatten(0, 1))
         layer_outputs.append(unpacked[: batch_size * out_steps].view(batch_size, out_steps, 2 * width))
+        if index not in output_layers[position + 1 :]:
+            packed_outputs[index] = output = None  # freed before the next layer is unpacked
     restore = torch.argsort(order)
     return layer_outputs, (final_cells[:, :, restore], final_hiddens[:, :, restore])
 

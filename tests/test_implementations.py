@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hf_elmo.configuration_elmo import ElmoConfig, word_to_char_ids
 from hf_elmo import cpu_tuning, elmo_cpu
 from hf_elmo.cpu_tuning import few_column_matmul
+from hf_elmo.int8_weights import has_bf16_dot_products
 from hf_elmo import modeling_elmo
 from hf_elmo.modeling_elmo import ELMO_IMPLEMENTATIONS, ElmoModel, elmo_implementation_for
 from hf_elmo.testing_utils import HostDataReads
@@ -448,7 +449,7 @@ def test_bf16_on_a_cpu_that_emulates_it_is_warned_about_once(model, caplog):
         run(half, make_batch([3]), "cpu")
         run(half, make_batch([4]), "cpu")
     warnings = [r.getMessage() for r in caplog.records if "bf16" in r.getMessage()]
-    emulated = not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    emulated = not has_bf16_dot_products()
     assert len(warnings) == int(emulated)
     if emulated:
         assert warnings[0].startswith("ELMo runs in bf16 on a CPU without bf16 matrix instructions (AVX512-BF16 or AMX)")
