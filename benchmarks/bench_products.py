@@ -11,7 +11,11 @@ time. This script prints the whole table for a config's shapes, on random weight
 - `onednn`: oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`) on the weight as it is;
 - `onednn_prepacked`: the same on a copy of the weight reordered once into oneDNN's blocked layout
   (`torch.ops.mkldnn._reorder_linear_weight`): `prepacked_extra_mib` says what those copies would add for the
-  whole model (both directions, every layer).
+  whole model (both directions, every layer);
+- `int8_pack` and `int8_bf16_dot`: the weight as int8 (`hf_elmo.int8_weights.Int8Linear`), multiplied as the
+  int8 model's recurrence multiplies it on each kernel ("int8-pack": torch's int8 weight-only kernel;
+  "bf16-dot": widened to bf16 once, `RecurrenceProducts`, oneDNN's bf16 matmul). Their `max_abs_diff_vs_mm` is
+  the int8 rounding (about 1e-2 of the largest output), not an error of the way.
 
 Microseconds, best of `--repeats` interleaved runs; each way's result is checked against `mm` first
 (`max_abs_diff_vs_mm`, relative to the largest output). `peak_growth_mib`: how far each way's first product (on the most
@@ -35,6 +39,7 @@ import bench_utils
 import random_bilm
 import workload
 from hf_elmo.cpu_tuning import row_blocks
+from hf_elmo.int8_weights import Int8Linear, RecurrenceProducts
 
 
 def parse_args(argv=None):
@@ -42,9 +47,16 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     random_bilm.add_weights_arguments(parser, default="original", cache_dir=False)
     parser.add_argument("--columns", type=int, nargs="+", default=[1, 2, 3, 4, 8, 11, 12, 15, 16, 24, 32],
-                        help="column counts (sentences still being read) to time")
+                        help=f"column counts (sentences still being read) to time, at most {MAX_COLUMNS}")
     workload.add_timing_arguments(parser, repeats=7)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if max(args.columns) > MAX_COLUMNS or min(args.columns) < 1:
+        parser.error(f"--columns: each count must be 1 to {MAX_COLUMNS}")
+    return args
+
+
+# The most columns the int8 ways are prepared for (the recurrence prepares for its batch size).
+MAX_COLUMNS = 256
 
 
 def product_ways(weight: torch.Tensor) -> dict:
@@ -61,6 +73,22 @@ def product_ways(weight: torch.Tensor) -> dict:
         onednn = torch.ops.mkldnn._linear_pointwise
         ways["onednn"] = lambda states: onednn(states.t(), weight, None, "none", [], "").t()
         ways["onednn_prepacked"] = lambda states: onednn(states.t(), prepacked, None, "none", [], "").t()
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    linear.weight.data = weight
+    for way, kernel in (("int8_pack", "int8-pack"), ("int8_bf16_dot", "bf16-dot")):
+        int8 = Int8Linear.from_linear(linear)
+        int8.kernel = kernel
+        if kernel == "int8-pack":
+            ways[way] = int8.columns_product
+        else:
+            buffers = {}
+
+            def buffer(name, numel, dtype, zeroed=False):
+                return buffers.setdefault(name, torch.zeros(numel, dtype=dtype))
+
+            prepared = RecurrenceProducts(int8, MAX_COLUMNS, buffer)
+            ways[way] = lambda states, prepared=prepared: prepared.columns_product(
+                states, states.new_empty(weight.shape[0], states.shape[1]))
     return ways
 
 
