@@ -446,8 +446,8 @@ def _step(layer, cell, hidden, gates, new_cell, new_hidden, step_products=None):
     """
     One step of `layer` (an `ElmoLstmLayer`), feature-major: `gates` `(4 * lstm_dim, columns)` holds the input part
     of the gates and receives the rest; the new state goes into the buffers `new_cell` and `new_hidden` (it reads
-    `cell` and `hidden`). `step_products`: as in `_product`. Contiguous gates make the element-wise work several times faster than working in place
-    on a column slice of the input gates.
+    `cell` and `hidden`); `step_products` as in `_product`. Contiguous gates make the element-wise work several
+    times faster than working in place on a column slice of the input gates.
     """
     _product(layer.recurrent_proj, hidden, gates, add=gates, step_products=step_products)
     new_cell, cell_output = lstm_cell(gates, cell, layer.cell_clip, dim=0, in_place=True, new_cell=new_cell)

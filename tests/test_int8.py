@@ -85,6 +85,11 @@ def test_the_product_is_the_dequantized_weights_on_bf16_inputs_rounded_once(in_f
     out = torch.full((48, 10), float("nan"))
     assert int8.columns_product(columns, out=out, add=linear.bias[:, None]) is out
     assert torch.equal(out, int8(inputs).reshape(-1, 48).t())
+    # `add` may be `out` itself (a recurrence step adds into its gates).
+    start = torch.randn(48, 10)
+    gates = start.clone()
+    assert int8.columns_product(columns, out=gates, add=gates) is gates
+    assert (gates - start - (out - linear.bias[:, None])).abs().max() <= 1e-5
 
 
 def test_both_kernels_compute_one_function_up_to_the_order_of_each_sum(monkeypatch):
