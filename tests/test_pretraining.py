@@ -722,6 +722,14 @@ def _launch(corpus, vocab, output, *extra):
     ]
 
 
+def _launch_failure(log: str) -> str:
+    """A failed launch's log for the assertion: its end, and first the crash of a worker that died of a signal
+    (faulthandler's "Fatal Python error" and its stacks), which the other workers' tracebacks push out of the end."""
+    crash = log.find("Fatal Python error")
+    head = f"{log[crash : crash + 6000]}\n...\n" if 0 <= crash < len(log) - 6000 else ""
+    return head + log[-6000:]
+
+
 def _run_launch(command, timeout=300) -> tuple[int, str]:
     """
     Run `accelerate launch`; on a timeout or an interrupt, kill the workers too (they have sessions of their own).
@@ -754,7 +762,7 @@ def _run_launch(command, timeout=300) -> tuple[int, str]:
 def two_process_run(trained, corpus, tmp_path_factory):
     output = tmp_path_factory.mktemp("ddp") / "reference"
     code, log = _run_launch(_launch(corpus, trained / "vocab.txt", output))
-    assert code == 0, log[-6000:]
+    assert code == 0, _launch_failure(log)
     return output, log
 
 
@@ -863,7 +871,7 @@ def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
         (Path(resume_from) / name).write_bytes(pickle.dumps(Payload(str(planted / name))))
 
     code, log = _run_launch(_launch(corpus, trained / "vocab.txt", output, "--resume", "--num-workers", "0"))
-    assert code == 0, log[-6000:]
+    assert code == 0, _launch_failure(log)
     assert not planted.exists()
     assert f"Resumed from {resume_from}: step {resume_from.rsplit('-', 1)[1]}" in log
     reference = load_file(reference_dir / "model.safetensors")
