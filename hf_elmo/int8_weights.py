@@ -1,10 +1,12 @@
 """int8 weights for CPU inference: the biLM's linear maps stored as int8 with one bf16 scale per output channel.
 
-On a CPU, "original" is bound by memory traffic: each recurrence step reads each direction's whole recurrent and
-projection weights for a few columns. Stored as int8 they are a quarter of the bytes. A product rounds its input
-columns to bf16, sums the int8 values times them in fp32, rounds each sum to bf16 once, and multiplies it by its
-row's scale in fp32 (exact: both are bf16). Two of torch's own kernels compute the sums; a process runs every
-product on one of them (`product_kernel`), so that a sentence's vectors do not depend on its batch:
+Each recurrence step of "original" reads each direction's whole recurrent and projection weights for a few columns:
+stored as int8 they are a quarter of the bytes, which pays where the steps are bound by memory (few sentences
+still being read). At batch 32 most steps are bound by arithmetic instead, and the speed comes from "bf16-dot"
+below. A product rounds its input columns to bf16, sums the int8 values times them in fp32, rounds each sum to
+bf16 once, and multiplies it by its row's scale in fp32 (exact: both are bf16). Two of torch's own kernels compute
+the sums; a process runs every product on one of them (`product_kernel`), so that a sentence's vectors do not
+depend on its batch:
 
 - "bf16-dot", on a CPU with bf16 dot-product instructions (AVX512-BF16 or AMX): the int8 values are widened to
   bf16, which holds every integer up to 256 exactly, and multiplied by oneDNN's bf16 matmul (`torch.mm`), two
