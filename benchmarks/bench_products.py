@@ -1,14 +1,15 @@
-"""Time the products of one CPU recurrence step, per column count, four ways; one JSON line.
+"""Time the products of one CPU recurrence step, per column count, each way hf_elmo runs or weighed; one JSON line.
 
 Each LSTM step of `hf_elmo.elmo_cpu` multiplies two weights by one column per sentence still being read: the
 recurrent weight `(4 * lstm_dim, projection_dim)` and the projection `(projection_dim, lstm_dim)`. The batch's
-tail has few columns, and how fast a BLAS does those is what `few_column_matmul` and `step_columns` measure at run
-time. This script prints the whole table for a config's shapes, on random weights:
+tail has few columns, and how fast each library does those is what `few_column_matmul` and `step_columns` measure
+at run time. This script prints the whole table for a config's shapes, on random weights:
 
 - `mm`: `torch.mm(weight, states)`, the plain product (MKL or OpenBLAS, whichever torch was built with);
-- `blocked`: the same as one batched product over `row_blocks(weight)` row blocks (`few_column_matmul`'s other
+- `blocked`: the same as one batched product over `row_blocks(weight)` row blocks (`few_column_matmul`'s second
   choice);
-- `onednn`: oneDNN's linear (`torch.ops.mkldnn._linear_pointwise`) on the weight as it is;
+- `onednn`: oneDNN's fp32 linear (`torch.ops.mkldnn._linear_pointwise`) on the weight as it is, as
+  `few_column_matmul`'s third choice runs it (`cpu_tuning.onednn_product`: rows rounded up by `product_columns`);
 - `onednn_prepacked`: the same on a copy of the weight reordered once into oneDNN's blocked layout
   (`torch.ops.mkldnn._reorder_linear_weight`): `prepacked_extra_mib` says what those copies would add for the
   whole model (both directions, every layer);
@@ -38,7 +39,7 @@ import torch
 import bench_utils
 import random_bilm
 import workload
-from hf_elmo.cpu_tuning import row_blocks
+from hf_elmo.cpu_tuning import has_onednn_linear, onednn_product, row_blocks
 from hf_elmo.int8_weights import Int8Linear, RecurrenceProducts
 
 
@@ -68,11 +69,11 @@ def product_ways(weight: torch.Tensor) -> dict:
             weight.view(blocks, -1, weight.shape[1]), states.expand(blocks, *states.shape)
         ).view(-1, states.shape[1]),
     }
-    if torch.backends.mkldnn.is_available():
+    if has_onednn_linear(weight):
         prepacked = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        onednn = torch.ops.mkldnn._linear_pointwise
-        ways["onednn"] = lambda states: onednn(states.t(), weight, None, "none", [], "").t()
-        ways["onednn_prepacked"] = lambda states: onednn(states.t(), prepacked, None, "none", [], "").t()
+        ways["onednn"] = lambda states: onednn_product(weight, states)
+        ways["onednn_prepacked"] = lambda states: torch.ops.mkldnn._linear_pointwise(
+            states.t(), prepacked, None, "none", [], "").t()
     linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     linear.weight.data = weight
     for way, kernel in (("int8_pack", "int8-pack"), ("int8_bf16_dot", "bf16-dot")):

@@ -1,16 +1,18 @@
-"""CPU tuning that is measured, not assumed: how the recurrence's few-column products are handed to BLAS.
+"""CPU tuning that is measured, not assumed: how the recurrence's few-column products are handed to the libraries.
 
 Each step of the CPU recurrence multiplies a tall weight by one column per sentence still being read. Some CPU BLAS
-builds share such a product between threads badly at some column counts, and some take several times longer for a
-few columns than for a few more (benchmarks/README.md). So, on this process's first product of each shape, this
-module times the alternatives and keeps the faster: row blocks or not (`measured_product`), and extra columns of
-finished rows or not (`step_columns`). The choices live here, in two caches, and nowhere else.
+builds share such a product between threads badly at some column counts, some take several times longer for a
+few columns than for a few more, and on some CPUs oneDNN's fp32 kernels run a few columns two to three times
+faster than the BLAS (MKL on AMD's Zen 4: benchmarks/README.md). So, on this process's first product of each
+shape, this module times the alternatives and keeps the fastest: BLAS, BLAS on row blocks or oneDNN
+(`measured_product`), and extra columns of finished rows or not (`step_columns`). The choices live here, in two
+caches, and nowhere else.
 
 Two processes may therefore choose differently, and a product's last bit may differ with its column count. Where
 that matters (a bit-exact comparison across processes or machines), set `HF_ELMO_CPU_TUNING=fixed` in the
 environment before the first forward (it is read when each choice is first made; reading it on every product
-cost 2% of "small"'s speed): every product is then plain and every step computes exactly its rows, with no
-timing at all. Results are the same function either way; the tests hold both to the reference.
+cost 2% of "small"'s speed): every product is then plain BLAS and every step computes exactly its rows, with no
+timing at all. Results are the same function either way; the tests hold every way to the reference.
 """
 
 import os
@@ -28,6 +30,8 @@ def tuning_is_fixed() -> bool:
     return os.environ.get(TUNING_VARIABLE, "").strip().lower() == FIXED
 
 
+# The ways `few_column_matmul` hands a product to the libraries (see there).
+PLAIN, BLOCKED, ONEDNN = "plain", "blocked", "onednn"
 # The recurrent matmul may be handed to BLAS as this many row blocks at most, where that measures faster (see
 # `few_column_matmul`).
 MAX_ROW_BLOCKS = 16
@@ -48,16 +52,20 @@ def few_column_matmul(
     `add + weight @ columns` for a tall `weight` and a few `columns` (one per sentence still being read), written
     into `out` when given (without autograd) or returned as a new tensor. `add` may be `out` itself.
 
-    Some CPU BLAS builds share such a product between threads badly at some column counts; handing them row blocks
-    of the weight as one batched matmul keeps every thread on whole blocks. Whether that pays depends on the
-    BLAS, the processor and the thread count, so it is measured on this process's first product of each shape
-    (`measured_product`), not assumed. GPUs, and `HF_ELMO_CPU_TUNING=fixed`, always get the plain product.
+    Three ways, whichever this process measured fastest for the shape (`measured_product`): the BLAS product
+    (PLAIN); the BLAS on row blocks of the weight as one batched matmul (BLOCKED: some BLAS builds share a product
+    of few columns between threads badly, and row blocks keep every thread on whole blocks); oneDNN's fp32 linear
+    (ONEDNN, `onednn_product`, where no gradient is needed). Which pays depends on the libraries, the processor and
+    the thread count. GPUs, and `HF_ELMO_CPU_TUNING=fixed`, always get the plain product.
     """
-    blocks = 1 if weight.device.type != "cpu" else measured_product(weight, columns.shape[1])[0]
-    if blocks == 1:
+    way = PLAIN if weight.device.type != "cpu" else measured_product(weight, columns.shape[1])[0]
+    if way == ONEDNN and not _needs_grad(weight, columns, add):
+        return onednn_product(weight, columns, out=out, add=add)
+    if way != BLOCKED:
         if add is None:
             return torch.mm(weight, columns, out=out)
         return torch.addmm(add, weight, columns, out=out)
+    blocks = row_blocks(weight)
     weight = weight.view(blocks, -1, weight.shape[1])
     columns = columns.expand(blocks, *columns.shape)
     blocked_out = None if out is None else out.view(blocks, -1, columns.shape[-1])
@@ -68,36 +76,87 @@ def few_column_matmul(
     return product.view(-1, columns.shape[-1]) if out is None else out
 
 
+def _needs_grad(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def product_columns(count: int) -> int:
+    """
+    How many columns a oneDNN product computes to get `count` (the rest are discarded): 2, 4, 8, multiples of 8 up
+    to 32, then powers of 2. oneDNN builds and keeps a kernel for every product shape it meets (0.5-0.7 MiB each,
+    measured), and a recurrence over batches meets every column count up to the batch size: a few sizes bound
+    that memory, for at most 7 columns' extra work up to 32, where the recurrence's steps are (larger products are
+    a call's last block of positions or words). One column is multiplied as two: oneDNN computes a lone column as
+    a matrix-vector product, which summed in another order in some of our processes, so that a sentence read
+    alone got other vectors than in a batch (0.008 in "original"'s int8 outputs). From 2 columns up, each column's
+    sums were the same bit for bit whatever the count and the column's place, in every process
+    (tests/test_int8.py).
+    """
+    if 8 < count <= 32:
+        return -(-count // 8) * 8
+    return max(2, 1 << (count - 1).bit_length()) if count > 0 else 0
+
+
+def has_onednn_linear(weight: torch.Tensor) -> bool:
+    """Whether `onednn_product` can multiply `weight`: an fp32 CPU tensor, with torch built with oneDNN."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
+
+
+def onednn_product(
+    weight: torch.Tensor, columns: torch.Tensor, out: torch.Tensor | None = None, add: torch.Tensor | None = None
+) -> torch.Tensor:
+    """
+    `few_column_matmul`'s function (no autograd) through oneDNN's fp32 linear, the op torch's own compiler calls
+    for linear layers on a CPU (`torch.ops.mkldnn._linear_pointwise`; `torch.mm` in fp32 always goes to the BLAS).
+    It multiplies row-major, `rows @ weight.t()`, on `product_columns(n)` rows: the columns transposed, then zero
+    rows, whose products are discarded.
+    """
+    count = columns.shape[1]
+    rows = columns.new_zeros(product_columns(count), columns.shape[0])
+    rows[:count] = columns.t()
+    product = torch.ops.mkldnn._linear_pointwise(rows, weight, None, "none", [], "")[:count].t()
+    if out is None:
+        return product.contiguous() if add is None else torch.add(add, product)
+    return out.copy_(product) if add is None else torch.add(add, product, out=out)
+
+
 def row_blocks(weight: torch.Tensor) -> int:
     """Into how many row blocks `few_column_matmul`'s blocked product splits `weight`: 256 rows or more each."""
     return max(2, min(MAX_ROW_BLOCKS, weight.shape[0] // 256))
 
 
-# (weight shape, dtype, columns, threads) -> (row blocks, seconds), as measured in this process.
-_PRODUCTS: dict[tuple, tuple[int, float]] = {}
+# (weight shape, dtype, columns, threads) -> (way, seconds), as measured in this process.
+_PRODUCTS: dict[tuple, tuple[str, float]] = {}
 
 
-def measured_product(weight: torch.Tensor, columns: int) -> tuple[int, float]:
+def measured_product(weight: torch.Tensor, columns: int) -> tuple[str, float]:
     """
     How `few_column_matmul` multiplies `weight` (on a CPU) by `columns` columns, and how long that takes here: the
-    row blocks it hands BLAS, 1 (plain) or `MAX_ROW_BLOCKS`-bounded blocks, whichever ran faster in a short
-    measurement (the best of three products each, interleaved), with that time. Measured once per shape, column
-    count and thread count; with `HF_ELMO_CPU_TUNING=fixed`, never: plain, (1, 0.0).
+    way (PLAIN, BLOCKED or ONEDNN) that ran fastest in a short measurement (the best of three products each,
+    interleaved), with that time. Measured once per shape, column count and thread count; with
+    `HF_ELMO_CPU_TUNING=fixed`, never: (PLAIN, 0.0).
     """
     key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
     if key not in _PRODUCTS:
-        _PRODUCTS[key] = (1, 0.0) if tuning_is_fixed() else _time_products(weight, columns)
+        _PRODUCTS[key] = (PLAIN, 0.0) if tuning_is_fixed() else _time_products(weight, columns)
     return _PRODUCTS[key]
 
 
-def _time_products(weight: torch.Tensor, columns: int) -> tuple[int, float]:
+def _time_products(weight: torch.Tensor, columns: int) -> tuple[str, float]:
     with torch.no_grad():
         w, x = weight.detach(), weight.new_ones(weight.shape[1], columns)
         blocks = row_blocks(w)
-        candidates = {1: lambda: torch.mm(w, x)}
+        candidates = {PLAIN: lambda: torch.mm(w, x)}
         # A matrix-vector product is never worth blocking.
         if columns > 1 and w.shape[0] % blocks == 0:
-            candidates[blocks] = lambda: torch.bmm(w.view(blocks, -1, w.shape[1]), x.expand(blocks, *x.shape))
+            candidates[BLOCKED] = lambda: torch.bmm(w.view(blocks, -1, w.shape[1]), x.expand(blocks, *x.shape))
+        if has_onednn_linear(w):
+            candidates[ONEDNN] = lambda: onednn_product(w, x)
         best = dict.fromkeys(candidates, float("inf"))
         for _ in range(3):
             for choice, product in candidates.items():

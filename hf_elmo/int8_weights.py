@@ -37,6 +37,8 @@ import os
 import torch
 from torch import nn
 
+from .cpu_tuning import product_columns
+
 
 # The int8 levels are -127..127 (symmetric: -128 is left out so that w and -w round alike).
 INT8_LEVELS = 127
@@ -68,22 +70,6 @@ def product_kernel() -> str:
     if chosen and chosen not in KERNELS:
         raise Int8CpuError(f"{KERNEL_VARIABLE}={chosen!r}: expected one of {', '.join(KERNELS)}, or unset.")
     return chosen or ("bf16-dot" if has_bf16_dot_products() else "int8-pack")
-
-
-def product_columns(count: int) -> int:
-    """
-    How many columns "bf16-dot" multiplies to get `count` (the rest are discarded): 2, 4, 8, multiples of 8 up to
-    32, then powers of 2. oneDNN builds and keeps a kernel for every product shape it meets (0.7 MiB each,
-    measured), and a recurrence over batches meets every column count up to the batch size: a few sizes bound that
-    memory, for at most 7 columns' extra work up to 32, where the recurrence's steps are (larger products are a
-    call's last block of positions or words). One column is multiplied as two: oneDNN computes a lone column as a
-    matrix-vector product, which summed in another order in some of our processes, so that a sentence read alone
-    got other vectors than in a batch (0.008 in "original"'s outputs). From 2 columns up, each column's sums were
-    the same bit for bit whatever the count and the column's place, in every process (tests/test_int8.py).
-    """
-    if 8 < count <= 32:
-        return -(-count // 8) * 8
-    return max(2, 1 << (count - 1).bit_length()) if count > 0 else 0
 
 
 def _scaled_into(out: torch.Tensor, product: torch.Tensor, scale: torch.Tensor, add: torch.Tensor | None,

@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_elmo.configuration_elmo import ElmoConfig, word_to_char_ids
 from hf_elmo import cpu_tuning, elmo_cpu
-from hf_elmo.cpu_tuning import few_column_matmul
+from hf_elmo.cpu_tuning import few_column_matmul, onednn_product
 from hf_elmo.int8_weights import has_bf16_dot_products
 from hf_elmo import modeling_elmo
 from hf_elmo.modeling_elmo import ELMO_IMPLEMENTATIONS, ElmoModel, elmo_implementation_for
@@ -354,9 +354,13 @@ def test_gradient_checkpointing_gives_the_same_gradients(implementation):
     assert max_diff(plain, checkpointed) <= 1e-6
 
 
-def test_results_do_not_depend_on_batch_composition():
+@pytest.mark.parametrize("way", [None, cpu_tuning.PLAIN, cpu_tuning.BLOCKED, cpu_tuning.ONEDNN])
+def test_results_do_not_depend_on_batch_composition(way, monkeypatch):
     # A sentence alone, and in the middle of a batch with longer and shorter rows, gets the same vectors up to
     # float rounding (~1e-6 relative): matmul kernels differ with the number of rows, on the reference path too.
+    # Each way of the CPU recurrence's products is forced in turn (None: whichever this machine measures fastest).
+    if way is not None:
+        monkeypatch.setattr(cpu_tuning, "measured_product", lambda weight, columns: (way, 1e-3))
     model = make_model(seed=0, recurrent_std=0.1)
     vocabulary = ["the", "cat", "sat", "on", "a", "mat", "internationalization", ",", "日本語", "x"]
     target = make_batch([9], seed=7, vocabulary=vocabulary)[0]
@@ -610,17 +614,22 @@ def assert_within_matmul_rounding(product, weight, states, add=None):
 
 @pytest.mark.parametrize("rows", [1024, 100, 99])
 @pytest.mark.parametrize("columns", [1, 5, 32])
-@pytest.mark.parametrize("blocked", [False, True])
-def test_few_column_matmul_equals_addmm(rows, columns, blocked, monkeypatch):
+@pytest.mark.parametrize("way", [cpu_tuning.PLAIN, cpu_tuning.BLOCKED, cpu_tuning.ONEDNN])
+def test_few_column_matmul_equals_addmm(rows, columns, way, monkeypatch):
     generator = torch.Generator().manual_seed(rows + columns)
     weight, states = torch.randn(rows, 64, generator=generator), torch.randn(64, columns, generator=generator)
-    # Both ways of computing it, whichever this machine measures faster.
+    # Every way this machine can run, whichever it measures fastest.
     chosen, seconds = cpu_tuning.measured_product(weight, columns)
     assert seconds > 0
-    assert chosen == 1 if columns == 1 or rows % 2 else chosen in (1, max(2, min(16, rows // 256)))
-    if columns > 1 and rows % 2 == 0:
-        key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
-        monkeypatch.setitem(cpu_tuning._PRODUCTS, key, (max(2, min(16, rows // 256)) if blocked else 1, seconds))
+    blockable = columns > 1 and rows % 2 == 0
+    assert chosen in {cpu_tuning.PLAIN, cpu_tuning.ONEDNN} | ({cpu_tuning.BLOCKED} if blockable else set())
+    if way == cpu_tuning.BLOCKED and not blockable:
+        pytest.skip("a matrix-vector product, or rows that do not split evenly, are never blocked")
+    key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
+    monkeypatch.setitem(cpu_tuning._PRODUCTS, key, (way, seconds))
+    onednn_calls = []
+    monkeypatch.setattr(cpu_tuning, "onednn_product",
+                        lambda *args, **kwargs: onednn_calls.append(1) or onednn_product(*args, **kwargs))
     add = torch.randn(columns, rows, generator=generator).t()  # a transposed view, as the steps pass it
     out = torch.full((rows, columns), float("nan"))
     assert few_column_matmul(weight, states, out, add=add) is out
@@ -641,6 +650,24 @@ def test_few_column_matmul_equals_addmm(rows, columns, blocked, monkeypatch):
     assert_within_matmul_rounding(ours[0], upstream, states.t())
     assert_within_matmul_rounding(ours[1], weight.t(), upstream)
     assert torch.equal(ours[2], upstream)
+    # oneDNN ran the two products without autograd; the one with autograd went to the BLAS.
+    assert len(onednn_calls) == (2 if way == cpu_tuning.ONEDNN else 0)
+
+
+@pytest.mark.skipif(not cpu_tuning.has_onednn_linear(torch.empty(1)), reason="torch built without oneDNN")
+def test_onednn_product_returns_and_broadcasts_like_addmm():
+    generator = torch.Generator().manual_seed(7)
+    weight = torch.randn(48, 16, generator=generator)
+    for columns in (1, 3, 9, 40):  # 1 is multiplied as 2 rows, 3 as 4, 9 as 16, 40 as 64 (`product_columns`)
+        states = torch.randn(16, columns, generator=generator)
+        product = onednn_product(weight, states)
+        assert product.shape == (48, columns) and product.is_contiguous()
+        assert_within_matmul_rounding(product, weight, states)
+        bias = torch.randn(48, 1, generator=generator)  # broadcast over the columns
+        assert_within_matmul_rounding(onednn_product(weight, states, add=bias), weight, states, bias.expand(48, columns))
+    # Only fp32 CPU weights go to oneDNN; bf16 ones are never measured on it.
+    assert not cpu_tuning.has_onednn_linear(weight.bfloat16())
+    assert cpu_tuning.measured_product(weight.bfloat16(), 4)[0] != cpu_tuning.ONEDNN
 
 
 def test_a_training_step_compiles_into_one_graph():
@@ -769,8 +796,8 @@ def test_fixed_cpu_tuning_measures_nothing_and_gives_the_same_function(model, mo
         monkeypatch.setattr(cpu_tuning, "_STEP_COLUMNS", {})
         fixed = run(model, ids, "cpu")
     assert max_diff(fixed.hidden_states, measured.hidden_states) <= 1e-5
-    # Every choice was made, and each is the plain one: no row blocks, exactly the rows still reading.
-    assert cpu_tuning._PRODUCTS and set(cpu_tuning._PRODUCTS.values()) == {(1, 0.0)}
+    # Every choice was made, and each is the plain one: BLAS without row blocks, exactly the rows still reading.
+    assert cpu_tuning._PRODUCTS and set(cpu_tuning._PRODUCTS.values()) == {(cpu_tuning.PLAIN, 0.0)}
     assert cpu_tuning._STEP_COLUMNS and all(columns == key[-3] for key, columns in cpu_tuning._STEP_COLUMNS.items())
 
 

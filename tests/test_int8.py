@@ -14,7 +14,8 @@ from torch import nn
 
 from hf_elmo import ElmoForTokenClassification, ElmoModel, ElmoTokenizer
 from hf_elmo.cli import main
-from hf_elmo.int8_weights import INT8_LEVELS, Int8CpuError, Int8Linear, RecurrenceProducts, product_columns
+from hf_elmo.cpu_tuning import product_columns
+from hf_elmo.int8_weights import INT8_LEVELS, Int8CpuError, Int8Linear, RecurrenceProducts
 
 
 # The largest difference int8 weights make to any layer of bilm-tf's fixture sentences (measured: 0.018 on the token
