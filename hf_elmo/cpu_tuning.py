@@ -45,6 +45,10 @@ MIN_STEP_SPEEDUP = 1.25
 # ... and only for products that take longer than this: quicker ones are bound by dispatch, not arithmetic, and
 # their timings are too noisy to choose by.
 MIN_STEP_SECONDS = 50e-6
+# oneDNN is chosen over the BLAS only where it measures this many times faster: where the two are close (most of
+# "small"'s products), the choice would flip with timing noise, and each oneDNN shape keeps a kernel in memory.
+MIN_ONEDNN_SPEEDUP = 1.25
+
 
 def few_column_matmul(
     weight: torch.Tensor, columns: torch.Tensor, out: torch.Tensor | None = None, add: torch.Tensor | None = None
@@ -60,12 +64,18 @@ def few_column_matmul(
     the thread count. GPUs, and `HF_ELMO_CPU_TUNING=fixed`, always get the plain product.
     """
     way = PLAIN if weight.device.type != "cpu" else measured_product(weight, columns.shape[1])[0]
-    if way == ONEDNN and not _needs_grad(weight, columns, add):
-        return onednn_product(weight, columns, out=out, add=add)
-    if way != BLOCKED:
-        if add is None:
-            return torch.mm(weight, columns, out=out)
-        return torch.addmm(add, weight, columns, out=out)
+    if way == ONEDNN and _needs_grad(weight, columns, add):
+        way = PLAIN
+    return _PRODUCTS_BY_WAY[way](weight, columns, out, add)
+
+
+def _plain_product(weight, columns, out, add):
+    if add is None:
+        return torch.mm(weight, columns, out=out)
+    return torch.addmm(add, weight, columns, out=out)
+
+
+def _blocked_product(weight, columns, out, add):
     blocks = row_blocks(weight)
     weight = weight.view(blocks, -1, weight.shape[1])
     columns = columns.expand(blocks, *columns.shape)
@@ -127,6 +137,14 @@ def onednn_product(
     return out.copy_(product) if add is None else torch.add(add, product, out=out)
 
 
+# The ways, by name (`few_column_matmul`, `_time_products`).
+_PRODUCTS_BY_WAY = {
+    PLAIN: _plain_product,
+    BLOCKED: _blocked_product,
+    ONEDNN: lambda weight, columns, out, add: onednn_product(weight, columns, out=out, add=add),
+}
+
+
 def row_blocks(weight: torch.Tensor) -> int:
     """Into how many row blocks `few_column_matmul`'s blocked product splits `weight`: 256 rows or more each."""
     return max(2, min(MAX_ROW_BLOCKS, weight.shape[0] // 256))
@@ -140,8 +158,9 @@ def measured_product(weight: torch.Tensor, columns: int) -> tuple[str, float]:
     """
     How `few_column_matmul` multiplies `weight` (on a CPU) by `columns` columns, and how long that takes here: the
     way (PLAIN, BLOCKED or ONEDNN) that ran fastest in a short measurement (the best of three products each,
-    interleaved), with that time. Measured once per shape, column count and thread count; with
-    `HF_ELMO_CPU_TUNING=fixed`, never: (PLAIN, 0.0).
+    interleaved, each as a step runs it; oneDNN only if `MIN_ONEDNN_SPEEDUP` times faster than the BLAS), with
+    that time. Measured once per shape, column count and thread count; with `HF_ELMO_CPU_TUNING=fixed`, never:
+    (PLAIN, 0.0).
     """
     key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
     if key not in _PRODUCTS:
@@ -150,23 +169,32 @@ def measured_product(weight: torch.Tensor, columns: int) -> tuple[str, float]:
 
 
 def _time_products(weight: torch.Tensor, columns: int) -> tuple[str, float]:
+    # Each way timed as a step runs it: into a buffer, adding to what it holds (oneDNN's add is a pass of its own,
+    # the BLAS's is free: 15% of a product of "small"'s shapes).
     with torch.no_grad():
         w, x = weight.detach(), weight.new_ones(weight.shape[1], columns)
-        blocks = row_blocks(w)
-        candidates = {PLAIN: lambda: torch.mm(w, x)}
+        out = w.new_zeros(w.shape[0], columns)
+        candidates = [PLAIN]
         # A matrix-vector product is never worth blocking.
-        if columns > 1 and w.shape[0] % blocks == 0:
-            candidates[BLOCKED] = lambda: torch.bmm(w.view(blocks, -1, w.shape[1]), x.expand(blocks, *x.shape))
+        if columns > 1 and w.shape[0] % row_blocks(w) == 0:
+            candidates.append(BLOCKED)
         if has_onednn_linear(w):
-            candidates[ONEDNN] = lambda: onednn_product(w, x)
+            candidates.append(ONEDNN)
         best = dict.fromkeys(candidates, float("inf"))
         for _ in range(3):
-            for choice, product in candidates.items():
+            for way in candidates:
                 start = time.perf_counter()
-                product()
-                best[choice] = min(best[choice], time.perf_counter() - start)
-    fastest = min(best, key=best.get)
-    return fastest, best[fastest]
+                _PRODUCTS_BY_WAY[way](w, x, out, out)
+                best[way] = min(best[way], time.perf_counter() - start)
+    way = fastest_way(best)
+    return way, best[way]
+
+
+def fastest_way(seconds: dict[str, float]) -> str:
+    """The way to keep, given each way's measured `seconds`: the fastest BLAS way, or oneDNN where it is
+    `MIN_ONEDNN_SPEEDUP` times faster than that."""
+    fastest_blas = min((way for way in seconds if way != ONEDNN), key=seconds.get)
+    return ONEDNN if seconds.get(ONEDNN, float("inf")) * MIN_ONEDNN_SPEEDUP < seconds[fastest_blas] else fastest_blas
 
 
 # (weight shapes, dtype, rows, available, threads) -> columns, as chosen in this process.

@@ -654,6 +654,17 @@ def test_few_column_matmul_equals_addmm(rows, columns, way, monkeypatch):
     assert len(onednn_calls) == (2 if way == cpu_tuning.ONEDNN else 0)
 
 
+def test_onednn_is_kept_only_where_it_is_clearly_faster():
+    # Made-up timings (seconds per product), as if measured on some machine.
+    plain, blocked, onednn = cpu_tuning.PLAIN, cpu_tuning.BLOCKED, cpu_tuning.ONEDNN
+    assert cpu_tuning.fastest_way({plain: 1.0}) == plain
+    assert cpu_tuning.fastest_way({plain: 1.0, blocked: 0.7}) == blocked
+    assert cpu_tuning.fastest_way({plain: 1.0, onednn: 0.9}) == plain  # 1.11x: within timing noise
+    assert cpu_tuning.fastest_way({plain: 1.0, blocked: 0.7, onednn: 0.6}) == blocked  # 1.17x the best BLAS way
+    assert cpu_tuning.fastest_way({plain: 1.0, blocked: 0.7, onednn: 0.5}) == onednn  # 1.4x
+    assert cpu_tuning.fastest_way({plain: 0.3, onednn: 1.0}) == plain
+
+
 @pytest.mark.skipif(not cpu_tuning.has_onednn_linear(torch.empty(1)), reason="torch built without oneDNN")
 def test_onednn_product_returns_and_broadcasts_like_addmm():
     generator = torch.Generator().manual_seed(7)
