@@ -15,11 +15,15 @@ cost 2% of "small"'s speed): every product is then plain BLAS and every step com
 timing at all. Results are the same function either way; the tests hold every way to the reference.
 """
 
+import logging
 import os
 import time
 
 import torch
 from torch import nn
+
+
+logger = logging.getLogger(__name__)
 
 
 # The environment variable, and its value, that turn the measured choices off (see above).
@@ -64,7 +68,8 @@ def few_column_matmul(
     the thread count. GPUs, and `HF_ELMO_CPU_TUNING=fixed`, always get the plain product.
     """
     way = PLAIN if weight.device.type != "cpu" else measured_product(weight, columns.shape[1])[0]
-    if way == ONEDNN and _needs_grad(weight, columns, add):
+    # oneDNN's op has no derivative; and `torch.backends.mkldnn.enabled = False` (or its `flags`) turns it off.
+    if way == ONEDNN and (_needs_grad(weight, columns, add) or not torch.backends.mkldnn.enabled):
         way = PLAIN
     return _PRODUCTS_BY_WAY[way](weight, columns, out, add)
 
@@ -109,11 +114,13 @@ def product_columns(count: int) -> int:
 
 
 def has_onednn_linear(weight: torch.Tensor) -> bool:
-    """Whether `onednn_product` can multiply `weight`: an fp32 CPU tensor, with torch built with oneDNN."""
+    """Whether `onednn_product` can multiply `weight`: an fp32 CPU tensor, with torch built with oneDNN (and oneDNN
+    not turned off, `torch.backends.mkldnn.enabled`)."""
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.float32
         and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
 
@@ -178,7 +185,7 @@ def _time_products(weight: torch.Tensor, columns: int) -> tuple[str, float]:
         # A matrix-vector product is never worth blocking.
         if columns > 1 and w.shape[0] % row_blocks(w) == 0:
             candidates.append(BLOCKED)
-        if has_onednn_linear(w):
+        if has_onednn_linear(w) and _onednn_runs(w, x, out):
             candidates.append(ONEDNN)
         best = dict.fromkeys(candidates, float("inf"))
         for _ in range(3):
@@ -188,6 +195,17 @@ def _time_products(weight: torch.Tensor, columns: int) -> tuple[str, float]:
                 best[way] = min(best[way], time.perf_counter() - start)
     way = fastest_way(best)
     return way, best[way]
+
+
+def _onednn_runs(weight: torch.Tensor, columns: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether oneDNN's op runs this product here: a torch build may register it for a platform where it fails
+    (it is private to torch's compiler); such a build simply keeps the BLAS."""
+    try:
+        onednn_product(weight, columns, out=out)
+    except RuntimeError as error:
+        logger.debug("oneDNN's fp32 linear failed on a %s product (%s); using the BLAS", tuple(weight.shape), error)
+        return False
+    return True
 
 
 def fastest_way(seconds: dict[str, float]) -> str:

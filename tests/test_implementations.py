@@ -681,6 +681,31 @@ def test_onednn_product_returns_and_broadcasts_like_addmm():
     assert cpu_tuning.measured_product(weight.bfloat16(), 4)[0] != cpu_tuning.ONEDNN
 
 
+def test_turning_onednn_off_keeps_the_products_on_the_blas(monkeypatch):
+    weight, states = torch.randn(48, 16), torch.randn(16, 5)
+    calls = []
+    monkeypatch.setattr(cpu_tuning, "onednn_product", lambda *args, **kwargs: calls.append(1))
+    # As if this process had measured oneDNN fastest for the shape.
+    key = ((48, 16), torch.float32, 5, torch.get_num_threads())
+    monkeypatch.setitem(cpu_tuning._PRODUCTS, key, (cpu_tuning.ONEDNN, 1e-3))
+    few_column_matmul(weight, states)
+    assert calls == [1]
+    with monkeypatch.context() as off:
+        off.setattr(torch.backends.mkldnn, "enabled", False)
+        assert not cpu_tuning.has_onednn_linear(weight)
+        assert_within_matmul_rounding(few_column_matmul(weight, states), weight, states)
+    assert calls == [1] and torch.backends.mkldnn.enabled
+
+
+def test_a_onednn_that_fails_leaves_the_blas_ways(monkeypatch):
+    # A torch build may register oneDNN's op for a platform where it cannot run this product.
+    def failing(*args, **kwargs):
+        raise RuntimeError("no oneDNN kernel for this platform")
+
+    monkeypatch.setattr(cpu_tuning, "onednn_product", failing)
+    assert cpu_tuning._time_products(torch.randn(48, 16), 3)[0] in (cpu_tuning.PLAIN, cpu_tuning.BLOCKED)
+
+
 def test_a_training_step_compiles_into_one_graph():
     # No graph break means no host sync and no data-dependent shape anywhere in the forward, the sampled softmax
     # or the loss; AOT autograd then traces the backward, the fused recurrence's hand-written one included.
