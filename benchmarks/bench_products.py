@@ -9,7 +9,8 @@ at run time. This script prints the whole table for a config's shapes, on random
 - `blocked`: the same as one batched product over `row_blocks(weight)` row blocks (`few_column_matmul`'s second
   choice);
 - `onednn`: oneDNN's fp32 linear (`torch.ops.mkldnn._linear_pointwise`) on the weight as it is, as
-  `few_column_matmul`'s third choice runs it (`cpu_tuning.onednn_product`: rows rounded up by `product_columns`);
+  `few_column_matmul`'s third choice runs it (`cpu_tuning.onednn_product`: the weight as the linear's input, the
+  columns, rounded up by `product_columns`, as its weight);
 - `onednn_prepacked`: the same on a copy of the weight reordered once into oneDNN's blocked layout
   (`torch.ops.mkldnn._reorder_linear_weight`): `prepacked_extra_mib` says what those copies would add for the
   whole model (both directions, every layer);

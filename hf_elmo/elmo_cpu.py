@@ -8,7 +8,7 @@ them), with fewer and better-shaped operations:
 - the biLSTM packs the batch time-major, longest rows first, so each step computes only the rows still reading
   (or a few finished ones besides, where this machine's BLAS measures faster on that many columns: `cpu_tuning`);
   vectors are columns (feature-major), the matmul shape that runs fastest on few rows; each step works in
-  preallocated buffers (no allocation per step, flat memory); the first layer's input gates come from a table
+  preallocated buffers (flat memory; only a product `cpu_tuning` hands to oneDNN comes back as a new tensor); the first layer's input gates come from a table
   of the batch's distinct words.
 
 With autograd (training on a CPU), the char CNN keeps its distinct-word path and the biLSTM runs `elmo_ops`'s
@@ -328,8 +328,8 @@ def _product(linear, columns: torch.Tensor, out: torch.Tensor | None = None, add
              few_columns: bool = True, step_products: dict | None = None) -> torch.Tensor:
     """
     `add + linear.weight @ columns` (feature-major), into `out` when given: for an `Int8Linear` on its kernel (as
-    prepared in `step_products` when there), else BLAS, through `few_column_matmul` for a recurrence step's few
-    columns.
+    prepared in `step_products` when there), else for a recurrence step's few columns through `few_column_matmul`
+    (BLAS or oneDNN, whichever measured faster here), else BLAS.
     """
     if step_products and linear in step_products:
         return step_products[linear].columns_product(columns, out, add)
