@@ -148,7 +148,7 @@ def onednn_product(
 _PRODUCTS_BY_WAY = {
     PLAIN: _plain_product,
     BLOCKED: _blocked_product,
-    ONEDNN: lambda weight, columns, out, add: onednn_product(weight, columns, out=out, add=add),
+    ONEDNN: onednn_product,
 }
 
 

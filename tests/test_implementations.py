@@ -628,8 +628,8 @@ def test_few_column_matmul_equals_addmm(rows, columns, way, monkeypatch):
     key = (tuple(weight.shape), weight.dtype, columns, torch.get_num_threads())
     monkeypatch.setitem(cpu_tuning._PRODUCTS, key, (way, seconds))
     onednn_calls = []
-    monkeypatch.setattr(cpu_tuning, "onednn_product",
-                        lambda *args, **kwargs: onednn_calls.append(1) or onednn_product(*args, **kwargs))
+    monkeypatch.setitem(cpu_tuning._PRODUCTS_BY_WAY, cpu_tuning.ONEDNN,
+                        lambda *args: onednn_calls.append(1) or onednn_product(*args))
     add = torch.randn(columns, rows, generator=generator).t()  # a transposed view, as the steps pass it
     out = torch.full((rows, columns), float("nan"))
     assert few_column_matmul(weight, states, out, add=add) is out
@@ -684,7 +684,7 @@ def test_onednn_product_returns_and_broadcasts_like_addmm():
 def test_turning_onednn_off_keeps_the_products_on_the_blas(monkeypatch):
     weight, states = torch.randn(48, 16), torch.randn(16, 5)
     calls = []
-    monkeypatch.setattr(cpu_tuning, "onednn_product", lambda *args, **kwargs: calls.append(1))
+    monkeypatch.setitem(cpu_tuning._PRODUCTS_BY_WAY, cpu_tuning.ONEDNN, lambda *args: calls.append(1))
     # As if this process had measured oneDNN fastest for the shape.
     key = ((48, 16), torch.float32, 5, torch.get_num_threads())
     monkeypatch.setitem(cpu_tuning._PRODUCTS, key, (cpu_tuning.ONEDNN, 1e-3))
