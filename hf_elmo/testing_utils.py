@@ -182,6 +182,17 @@ def free_port() -> int:
     raise RuntimeError(f"no free TCP port among {len(candidates)} tried below the ephemeral range ({ephemeral_start})")
 
 
+def launch_failure_report(log: str) -> str:
+    """
+    A failed `accelerate launch`'s log (stdout and stderr together), for a test's assertion: its end, and first the
+    crash of a worker that died of a signal (faulthandler's "Fatal Python error" and its stacks, printed where the
+    workers run with PYTHONFAULTHANDLER=1), which the other workers' tracebacks push out of the end.
+    """
+    crash = log.find("Fatal Python error")
+    head = f"{log[crash : crash + 6000]}\n...\n" if 0 <= crash < len(log) - 6000 else ""
+    return head + log[-6000:]
+
+
 def assert_same_computation(actual: torch.Tensor, expected: torch.Tensor, what: str = "outputs") -> None:
     """
     Two runs of the same fp32 computation on bit-equal weights agree to the fidelity bar, 1e-5 of the largest

@@ -33,7 +33,7 @@ from hf_elmo.pretraining_data import (
     read_eval_sentences,
     resolve_shards,
 )
-from hf_elmo.testing_utils import free_port
+from hf_elmo.testing_utils import free_port, launch_failure_report
 from hf_elmo.vocabulary import build_vocab, write_vocab
 
 
@@ -722,12 +722,12 @@ def _launch(corpus, vocab, output, *extra):
     ]
 
 
-def _launch_failure(log: str) -> str:
-    """A failed launch's log for the assertion: its end, and first the crash of a worker that died of a signal
-    (faulthandler's "Fatal Python error" and its stacks), which the other workers' tracebacks push out of the end."""
-    crash = log.find("Fatal Python error")
-    head = f"{log[crash : crash + 6000]}\n...\n" if 0 <= crash < len(log) - 6000 else ""
-    return head + log[-6000:]
+def test_a_failed_launch_report_shows_the_crashed_worker_before_the_end_of_the_log():
+    crash = "Fatal Python error: Aborted\n\nThread 0x7f (most recent call first):\n  File \"train.py\", line 9\n"
+    log = "loading\n" + crash + "rank 0: Traceback (most recent call last): ...\n" * 200
+    report = launch_failure_report(log)
+    assert report.startswith(crash) and report.endswith(log[-6000:]) and "\n...\n" in report
+    assert launch_failure_report("a short log") == "a short log"  # nothing pushed out: the log as it is
 
 
 def _run_launch(command, timeout=300) -> tuple[int, str]:
@@ -762,7 +762,7 @@ def _run_launch(command, timeout=300) -> tuple[int, str]:
 def two_process_run(trained, corpus, tmp_path_factory):
     output = tmp_path_factory.mktemp("ddp") / "reference"
     code, log = _run_launch(_launch(corpus, trained / "vocab.txt", output))
-    assert code == 0, _launch_failure(log)
+    assert code == 0, launch_failure_report(log)
     return output, log
 
 
@@ -871,7 +871,7 @@ def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
         (Path(resume_from) / name).write_bytes(pickle.dumps(Payload(str(planted / name))))
 
     code, log = _run_launch(_launch(corpus, trained / "vocab.txt", output, "--resume", "--num-workers", "0"))
-    assert code == 0, _launch_failure(log)
+    assert code == 0, launch_failure_report(log)
     assert not planted.exists()
     assert f"Resumed from {resume_from}: step {resume_from.rsplit('-', 1)[1]}" in log
     reference = load_file(reference_dir / "model.safetensors")
