@@ -8,8 +8,8 @@ them), with fewer and better-shaped operations:
 - the biLSTM packs the batch time-major, longest rows first, so each step computes only the rows still reading
   (or a few finished ones besides, where this machine's BLAS measures faster on that many columns: `cpu_tuning`);
   vectors are columns (feature-major), the matmul shape that runs fastest on few rows; each step works in
-  preallocated buffers (flat memory; only a product `cpu_tuning` hands to oneDNN comes back as a new tensor); the first layer's input gates come from a table
-  of the batch's distinct words.
+  preallocated buffers (flat memory; only a product `cpu_tuning` hands to oneDNN comes back as a new tensor); the
+  first layer's input gates come from a table of the batch's distinct words.
 
 With autograd (training on a CPU), the char CNN keeps its distinct-word path and the biLSTM runs `elmo_ops`'s
 batched layers with the packed schedule: rows sorted longest first, each step computing only the rows still
