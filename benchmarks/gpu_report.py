@@ -7,8 +7,9 @@
 Needs only the repository and its dependencies (torch, transformers, accelerate; no `datasets`, no network):
 `--text` is one sentence per line of real running text, carried with the repository (the default, the Wikipedia
 sample of `hf_elmo.testing_utils`, is fetched with pip and so needs the network or a warm cache). Sections, in
-order, each with its wall time; one that fails records its error and the report goes on; once `--budget-s` is
-spent the rest are listed as skipped:
+order, each with its wall time (and on stderr as a JSON line the moment it ends, so a run killed at a lease's limit
+keeps what it measured); one that fails records its error and the report goes on; once `--budget-s` is spent the
+rest are listed as skipped:
 
 - `environment`: versions, the GPU, the commit.
 - `cuda_tests`: the suite's CUDA tests (`pytest -k cuda` on the implementation and golden tests).
@@ -392,6 +393,8 @@ def main(argv=None) -> int:
             result = {"error": f"{type(error).__name__}: {error}"}
         result["wall_s"] = round(time.perf_counter() - began, 1)
         report["sections"][name] = result
+        # Each finished section at once on stderr too: a run killed at a device lease's limit keeps what it measured.
+        print(json.dumps({"section": name, **result}, default=str), file=sys.stderr, flush=True)
     report["wall_s"] = round(time.perf_counter() - start, 1)
     print(json.dumps(report, default=str))
     return 0

@@ -188,6 +188,8 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
     sections = report["sections"]
     assert list(sections) == ["environment", "cuda_tests", "exactness", "host_syncs", "recompiles", "profiled_step",
                               "pretraining", "inference"]
+    progress = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"section"')]
+    assert [line.pop("section") for line in progress] == list(sections) and progress == list(sections.values())
     assert not [name for name, section in sections.items() if "error" in section], sections
     assert sections["environment"]["versions"]["torch"] == __import__("torch").__version__
     assert sections["cuda_tests"]["returncode"] == 0 and "skipped" in sections["cuda_tests"]["summary"]
