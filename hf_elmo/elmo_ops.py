@@ -332,13 +332,15 @@ def recurrence_layer(layers, inputs, cell, hidden, active=None, rows_at=None):
     first = layers[0]
     dtype = matmul_dtype(inputs)
     stacked = lambda name: torch.stack([getattr(layer, name).weight for layer in layers]).to(dtype)  # noqa: E731
-    # The largest activation, kept in the matmul dtype as nn.Linear's output would be (the steps add it in fp32).
-    bias = fold_forget_bias(torch.stack([layer.input_proj.bias for layer in layers]).float()).to(dtype)
+    bias = fold_forget_bias(torch.stack([layer.input_proj.bias for layer in layers]).float())
+    # The input part of the gates in fp32, the bias added there: nn.Linear (the reference) rounds x @ W + b once to
+    # the autocast dtype, and adding the bias in bf16 would round this, the largest activation, twice (the bf16
+    # errors of the gpu_report tests). Under bf16 this holds the tensor in fp32, as the steps read it.
     # The bias broadcast over rows before it is added: its gradient is then a sum over time and one over rows, where
     # one sum over both (non-adjacent) dims runs ~15x slower on the CPU (20 ms a layer on the recipe config).
-    input_gates = torch.einsum("tdrp,dgp->tdrg", inputs.to(dtype), stacked("input_proj")) + bias[None, :, None].expand(
-        1, -1, inputs.shape[2], -1
-    )
+    input_gates = torch.einsum("tdrp,dgp->tdrg", inputs.to(dtype), stacked("input_proj")).float() + bias[
+        None, :, None
+    ].expand(1, -1, inputs.shape[2], -1)
     recurrent = stacked("recurrent_proj").transpose(1, 2)
     if isinstance(first.output_proj, torch.nn.Linear):
         projection = stacked("output_proj").transpose(1, 2)
