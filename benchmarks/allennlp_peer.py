@@ -17,9 +17,10 @@ here at all. Instead:
 3. Weights: random weights of the published shapes in bilm-tf's hdf5 layout (`random_bilm.py`), read by
    AllenNLP's own loaders. hf_elmo converts the very same file, so both sides compute the same function.
 
-Python packages it needs besides torch: numpy and h5py (hf_elmo needs them too) and `overrides` 3.x, allennlp's
-decorator (`pip install 'overrides>=3,<4'`; 4 and later reject allennlp's method signatures). Nothing else of
-allennlp's long list of requirements is imported.
+Python packages it needs besides torch: numpy and h5py (hf_elmo needs them too). Nothing of allennlp's long list
+of requirements is imported: its `@overrides` decorator, which only checks at import that a method exists in a
+base class, is a stand-in too (the `overrides` package's 3.x reads bytecode and fails on Python 3.12, and 4 and
+later reject allennlp 0.9.0's method signatures).
 
 Workload: --words FILE (one sentence per line, words separated by spaces, as `side_by_side.py` writes it from
 real text) or --synthetic (the earlier 200-word-list workload). Char ids come from AllenNLP's own
@@ -60,9 +61,7 @@ import workload  # noqa: E402
 
 WHEEL_NAME = "allennlp-0.9.0-py3-none-any.whl"
 # Packages the peer needs in this Python, besides the standard library, and how to get them.
-# overrides 3.x: 4 and later check signatures and reject allennlp 0.9.0's Highway.forward; 2.x does not run on
-# Python 3.11 (it reads bytecode).
-REQUIRED_PACKAGES = {"torch": "torch", "numpy": "numpy", "h5py": "h5py", "overrides": "overrides>=3,<4"}
+REQUIRED_PACKAGES = {"torch": "torch", "numpy": "numpy", "h5py": "h5py"}
 
 # allennlp modules executed unchanged from the wheel.
 FROM_WHEEL = (
@@ -91,6 +90,9 @@ class _Unused:
 # Stand-ins for the parts of allennlp that the modules above import at the top but ELMo's forward pass does not
 # use. Written for this harness; they are not allennlp's code.
 STAND_INS = {
+    # allennlp's decorator: it checks at import that the method overrides one (the `overrides` package itself
+    # fails on Python 3.12, see the top); it has no part in what the modules compute.
+    "overrides": "def overrides(method):\n    return method\n",
     "allennlp.common": _UNUSED + '''
 import collections
 
@@ -161,7 +163,7 @@ class TokenIndexer(Generic[TokenType]):
     def register(cls, name):
         return lambda subclass: subclass
 
-    # The methods ELMoTokenCharactersIndexer marks with @overrides (which checks that they exist here).
+    # The methods ELMoTokenCharactersIndexer marks with @overrides (the real decorator checks that they exist here).
     def count_vocab_items(self, token, counter):
         raise NotImplementedError
 
@@ -209,19 +211,7 @@ class WheelModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def missing_packages() -> list[str]:
     """Requirements (pip syntax) of the peer that this Python does not meet."""
-    missing = [module for module in REQUIRED_PACKAGES if importlib.util.find_spec(module) is None]
-    if "overrides" not in missing and not _overrides_version().startswith("3."):
-        missing.append("overrides")
-    return [REQUIRED_PACKAGES[module] for module in missing]
-
-
-def _overrides_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("overrides")
-    except PackageNotFoundError:
-        return ""
+    return [pip for module, pip in REQUIRED_PACKAGES.items() if importlib.util.find_spec(module) is None]
 
 
 def wheel_path(given: str | None = None) -> str:
@@ -355,7 +345,6 @@ def main():
         **memory,
         "peak_rss_process_mib": bench_utils.process_peak_rss_mib(),
         "loadavg_after": os.getloadavg(),
-        "overrides_version": _overrides_version(),
         "machine": bench_utils.machine_description(args.device),
     }
     print(json.dumps(result, ensure_ascii=False))

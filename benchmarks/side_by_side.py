@@ -23,8 +23,8 @@ ONE JSON line: per config the tokens/s of each side in each round, the ratio per
 medians and the smallest ratio, each side's largest peak RSS, the split of time, distinct words per batch,
 the CPU model with its vector extensions and the BLAS, the date (UTC) and the machine's load.
 
-The AllenNLP side needs `overrides` 3.x besides this project's requirements (pip install 'overrides>=3,<4')
-and fetches the allennlp 0.9.0 wheel with pip on first use (or give --wheel). Timings are only comparable
+The AllenNLP side needs nothing besides this project's requirements: it fetches the allennlp 0.9.0 wheel with pip
+on first use (or give --wheel). Timings are only comparable
 within one run: other processes on the machine move both sides' figures. On a host shared with other busy
 processes, two OpenMP threads that spin while waiting for a preempted partner can make either side several
 times slower; `OMP_WAIT_POLICY=PASSIVE python benchmarks/side_by_side.py ...` (both children inherit it, and

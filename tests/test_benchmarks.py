@@ -203,13 +203,8 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
     assert [run.get("vocab_size") for run in runs][1] == 40000 and all(run["tokens_per_s"] > 0 for run in runs)
     assert all(run["softmax_gradient"] == "sparse" for run in runs)
     assert [run["dtype"] for run in sections["inference"]["runs"]] == ["fp32", "bf16"]
-    peer = sections["inference"]["allennlp"]  # side_by_side.py, where the peer's one extra package is installed
-    try:
-        __import__("overrides")
-    except ImportError:
-        assert "overrides" in peer["skipped"]
-    else:
-        assert peer["tiny"]["max_abs_diff_vs_allennlp"] < 1e-5 and peer["tiny"]["ratio_of_medians"] > 0
+    peer = sections["inference"]["allennlp"]  # side_by_side.py: AllenNLP 0.9.0 from its wheel, no other package
+    assert peer["tiny"]["max_abs_diff_vs_allennlp"] < 1e-5 and peer["tiny"]["ratio_of_medians"] > 0
 
 
 def test_bench_inference_with_int8_weights_is_checked_against_the_fp32_model(tmp_path):
