@@ -17,7 +17,8 @@ rest are listed as skipped:
   outputs and every parameter's gradient in fp32 with TF32 off; in bf16, each implementation's error against
   fp32 (the cuda one must be no worse than the reference's).
 - `host_syncs`: over 5 training steps of `ElmoForPreTraining` (sampled softmax, forward, backward, clipping,
-  Adagrad): CUDA's sync debug mode counts the synchronising calls (on the CPU: host-data reads, as the tests do).
+  Adagrad): CUDA's sync debug mode counts the synchronising calls, with each one's Python call site (on the CPU:
+  host-data reads, as the tests do).
   `hf-elmo pretrain` adds one read per step on purpose (the gradient norm).
 - `recompiles`: torch.compile graphs of the recurrence after warm-up, and how many more over batches of other
   lengths and row counts and an evaluation (0 is the target).
@@ -43,6 +44,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 
 
@@ -208,6 +210,18 @@ def training_step(model, optimizer, batch):
     optimizer.zero_grad()
 
 
+def call_site(frames: list, depth: int = 3) -> str:
+    """The innermost `depth` frames of a stack (outermost first, as `traceback.extract_stack` gives them), innermost
+    first, each as a path inside the repository or site-packages and a line: where a synchronising call came from."""
+    def short(path: str) -> str:
+        if path.startswith(REPO_ROOT + os.sep):
+            return os.path.relpath(path, REPO_ROOT)
+        return path.split("site-packages" + os.sep)[-1]
+
+    inner = [f for f in frames if f.filename not in (warnings.__file__, __file__)][-depth:]
+    return " <- ".join(f"{short(f.filename)}:{f.lineno}" for f in reversed(inner))
+
+
 def host_syncs(setting: Setting) -> dict:
     model = pretraining_model(setting)
     model.softmax.sparse = True
@@ -216,17 +230,27 @@ def host_syncs(setting: Setting) -> dict:
     training_step(model, optimizer, batches[0])  # warm-up: compilation and first allocations
     setting.synchronize()
     if setting.device.type == "cuda":
+        # Each warning's Python call site too: the H200 run found one sync a step, and the C++ location alone
+        # (CUDAFunctions.cpp) did not say which op.
+        caught, sites = [], {}
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            caught.append(str(message).splitlines()[0][:160])
+            site = call_site(traceback.extract_stack()[:-1])
+            sites[site] = sites.get(site, 0) + 1
+
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            with warnings.catch_warnings(record=True) as caught:
+            with warnings.catch_warnings():
                 warnings.simplefilter("always")
+                warnings.showwarning = record
                 for batch in batches[1:]:
                     training_step(model, optimizer, batch)
                 setting.synchronize()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        messages = sorted({str(w.message).splitlines()[0][:160] for w in caught})
-        return {"steps": setting.steps, "synchronizing_calls": len(caught), "kinds": messages, "how": "cuda sync debug"}
+        return {"steps": setting.steps, "synchronizing_calls": len(caught), "kinds": sorted(set(caught)),
+                "call_sites": sites, "how": "cuda sync debug"}
     with HostDataReads() as recorded:
         for batch in batches[1:]:
             training_step(model, optimizer, batch)

@@ -207,6 +207,20 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
     assert peer["tiny"]["max_abs_diff_vs_allennlp"] < 1e-5 and peer["tiny"]["ratio_of_medians"] > 0
 
 
+def test_gpu_report_names_a_synchronising_call_by_its_python_call_site():
+    # host_syncs (CUDA only) records where each sync came from: the innermost frames, this file's own first.
+    import traceback
+
+    import gpu_report
+
+    def inner():
+        return gpu_report.call_site(traceback.extract_stack(), depth=2)
+
+    site = inner()
+    line = inner.__code__.co_firstlineno + 1
+    assert site == f"tests/test_benchmarks.py:{line} <- tests/test_benchmarks.py:{line + 2}"
+
+
 def test_bench_inference_with_int8_weights_is_checked_against_the_fp32_model(tmp_path):
     result = run_bench(tmp_path, "--load", "converted", "--int8")
     assert result["int8_weights"] is True and result["tokens_per_s"] > 0
