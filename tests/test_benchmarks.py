@@ -192,6 +192,9 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
     assert [line.pop("section") for line in progress] == list(sections) and progress == list(sections.values())
     assert not [name for name, section in sections.items() if "error" in section], sections
     assert sections["environment"]["versions"]["torch"] == __import__("torch").__version__
+    status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True)
+    assert sections["environment"]["tree_differs_from_commit"] == bool(status.stdout.strip())
     assert sections["cuda_tests"]["returncode"] == 0 and "skipped" in sections["cuda_tests"]["summary"]
     fp32 = sections["exactness"]["fp32"]
     assert fp32["within_targets"] and fp32["outputs_max_abs_diff"] <= 1e-5
