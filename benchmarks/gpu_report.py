@@ -14,8 +14,9 @@ rest are listed as skipped:
 - `environment`: versions, the GPU, the commit.
 - `cuda_tests`: the suite's CUDA tests (`pytest -k cuda` on the implementation and golden tests).
 - `exactness`: the "cuda" implementation against the reference at real shapes (original, 128 rows, 22-30 words):
-  outputs and every parameter's gradient in fp32 with TF32 off; in bf16, each implementation's error against
-  fp32 (the cuda one must be no worse than the reference's).
+  outputs and every parameter's gradient in fp32 with TF32 off; in bf16, each implementation's largest and mean
+  error against fp32 per layer (the cuda one's mean errors on the biLSTM layers must be no worse than the
+  reference's).
 - `host_syncs`: over 5 training steps of `ElmoForPreTraining` (sampled softmax, forward, backward, clipping,
   Adagrad): CUDA's sync debug mode counts the synchronising calls, with each one's Python call site (on the CPU:
   host-data reads, as the tests do).
@@ -194,17 +195,23 @@ def exactness(setting: Setting) -> dict:
         }
         result["fp32"]["within_targets"] = (result["fp32"]["outputs_max_abs_diff"] <= 1e-5 and relative <= 1e-4)
         truth = reference.hidden_states
-        errors = {}
+        largest, mean = {}, {}
         for implementation in ("reference", "cuda"):
             with torch.no_grad():
                 model.eval()
                 model.set_elmo_implementation(implementation)
                 with torch.autocast(setting.device.type, dtype=torch.bfloat16):
-                    errors[implementation] = max_abs(model(ids, attention_mask=mask,
-                                                           output_hidden_states=True).hidden_states, truth)
+                    layers = model(ids, attention_mask=mask, output_hidden_states=True).hidden_states
+                errors = [(layer.float() - exact).abs() for layer, exact in zip(layers, truth)]
+                largest[implementation] = [float(e.max()) for e in errors]
+                mean[implementation] = [float(e.mean()) for e in errors]
                 model.train()
-    result["bf16_max_abs_error_against_fp32"] = errors
-    result["bf16_cuda_no_worse_than_reference"] = errors["cuda"] <= errors["reference"]
+    # Per layer (token layer first). On the H200 the largest error over all layers was the token layer's, which
+    # both compute alike (0.0039 each): the biLSTM layers' mean errors are what tell the implementations apart.
+    result["bf16_max_abs_error_against_fp32"] = largest
+    result["bf16_mean_abs_error_against_fp32"] = mean
+    result["bf16_cuda_no_worse_than_reference"] = all(
+        c <= r for c, r in zip(mean["cuda"][1:], mean["reference"][1:]))
     return result
 
 

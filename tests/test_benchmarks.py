@@ -199,6 +199,8 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
     fp32 = sections["exactness"]["fp32"]
     assert fp32["within_targets"] and fp32["outputs_max_abs_diff"] <= 1e-5
     assert sections["exactness"]["bf16_cuda_no_worse_than_reference"]
+    largest = sections["exactness"]["bf16_max_abs_error_against_fp32"]  # per layer, token layer first
+    assert len(largest["cuda"]) == 3 and largest["cuda"][0] == largest["reference"][0] > 0
     assert sections["host_syncs"]["synchronizing_calls"] == 0 and sections["host_syncs"]["steps"] == 2
     assert sections["recompiles"]["graphs_after_warm_up"] > 0 and sections["recompiles"]["backend"] == "eager"
     assert sections["profiled_step"]["aten_ops"] > 100
