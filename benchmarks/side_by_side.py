@@ -24,11 +24,11 @@ medians and the smallest ratio, each side's largest peak RSS, the split of time,
 the CPU model with its vector extensions and the BLAS, the date (UTC) and the machine's load.
 
 The AllenNLP side needs nothing besides this project's requirements: it fetches the allennlp 0.9.0 wheel with pip
-on first use (or give --wheel). Timings are only comparable
-within one run: other processes on the machine move both sides' figures. On a host shared with other busy
-processes, two OpenMP threads that spin while waiting for a preempted partner can make either side several
-times slower; `OMP_WAIT_POLICY=PASSIVE python benchmarks/side_by_side.py ...` (both children inherit it, and
-the JSON lines record it) keeps that from dominating. cpu_over_wall near the thread count means a quiet host.
+on first use (or give --wheel). Timings are only comparable within one run: other processes on the machine move
+both sides' figures. On a host shared with other busy processes, two OpenMP threads that spin while waiting for a
+preempted partner can make either side several times slower; `OMP_WAIT_POLICY=PASSIVE python
+benchmarks/side_by_side.py ...` (both children inherit it, and the JSON lines record it) keeps that from
+dominating. cpu_over_wall near the thread count means a quiet host.
 
 Examples:
   python benchmarks/side_by_side.py                                # small and original, real text, 3 rounds
