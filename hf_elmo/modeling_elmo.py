@@ -345,9 +345,9 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
         Store the biLM's linear maps (the char CNN's highways and projection, each LSTM's input, recurrent and
         projection maps) as int8 with one scale per output channel, in place, for CPU inference: a quarter of their
         memory, and faster for large models: about 1.5x fp32 for "original" where the CPU has bf16 dot products
-        (`int8_weights.py`, README "int8 weights"; `HF_ELMO_INT8_KERNEL` picks the kernel). The model is put in eval mode and its biLM
-        frozen; the biLM then runs only on the "cpu" implementation and cannot be trained, and the model is not
-        saved (`save_pretrained` refuses). Also `from_pretrained(..., int8_weights=True)`.
+        (`int8_weights.py`, README "int8 weights"; `HF_ELMO_INT8_KERNEL` picks the kernel). The model is put in eval
+        mode and its biLM frozen; the biLM then runs only on the "cpu" implementation and cannot be trained, and the
+        model is not saved (`save_pretrained` refuses). Also `from_pretrained(..., int8_weights=True)`.
         """
         check_int8_cpu()
         if any(p.device.type != "cpu" for p in self.parameters()):
