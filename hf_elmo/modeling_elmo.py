@@ -1241,17 +1241,20 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
     def lm_targets(self, labels: torch.Tensor, word_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """
         Per-position targets `(batch, num_words + 2)` of the forward and backward LM from word labels
-        `(batch, num_words)` and the boundary-layout `word_mask`; -100 where nothing is predicted.
+        `(batch, num_words)` and the boundary-layout `word_mask`; -100 where nothing is predicted. A row without
+        words predicts nothing, not even `</S>`: such rows pad a batch to a fixed row count (the captured training
+        step's static shapes).
         """
         batch_size, num_words = labels.shape
         lengths = word_mask.sum(dim=1) - 2
+        has_words = lengths > 0
         rows = torch.arange(batch_size, device=labels.device)
         forward_targets = labels.new_full((batch_size, num_words + 2), -100)
         forward_targets[:, :num_words] = labels
-        forward_targets[rows, lengths] = self.config.eos_word_id
+        forward_targets[rows, lengths] = torch.where(has_words, self.config.eos_word_id, -100)
         backward_targets = labels.new_full((batch_size, num_words + 2), -100)
         backward_targets[:, 2:] = labels
-        backward_targets[:, 1] = self.config.bos_word_id
+        backward_targets[:, 1] = torch.where(has_words, self.config.bos_word_id, -100)
         return forward_targets, backward_targets
 
     def _check_labels(
@@ -1360,9 +1363,9 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
             losses = self._full_softmax_losses(hidden, targets)
         forward_losses, backward_losses = losses.view(2, -1)
         num_predictions = (forward_targets != -100).sum()
-        # Every row predicts at least </S>, so the count is never 0.
-        result.forward_loss = forward_losses.sum() / num_predictions
-        result.backward_loss = backward_losses.sum() / (backward_targets != -100).sum()
+        # Every row with words predicts at least </S>; a batch of padding rows alone has loss 0, not 0 / 0.
+        result.forward_loss = forward_losses.sum() / num_predictions.clamp(min=1)
+        result.backward_loss = backward_losses.sum() / (backward_targets != -100).sum().clamp(min=1)
         result.loss = (result.forward_loss + result.backward_loss) / 2
         result.num_predictions = num_predictions
         return result

@@ -340,13 +340,18 @@ class BatchEncoder:
     `num_tokens` is the number of predictions per direction (words + one `</S>` per sentence), counted here so that
     the training loop needs no device-to-host copy to count them. With `pad_to_multiple_of`, the padded length is
     rounded up to a multiple of it, so that a run meets a few batch shapes only (on a GPU, compiled code and the
-    memory allocator's blocks are reused across batches; padding costs the CPU's packed recurrence nothing).
+    memory allocator's blocks are reused across batches; padding costs the CPU's packed recurrence nothing). With
+    `pad_rows_to`, rows without words (which predict nothing) fill every batch up to that many rows: the captured
+    training step's graphs then have one row count.
     """
 
-    def __init__(self, word_vocab: list[str], max_characters_per_token: int = 50, pad_to_multiple_of: int = 1):
-        if isinstance(pad_to_multiple_of, bool) or not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of must be a positive integer, got {pad_to_multiple_of!r}.")
+    def __init__(self, word_vocab: list[str], max_characters_per_token: int = 50, pad_to_multiple_of: int = 1,
+                 pad_rows_to: int = 0):
+        for name, value, least in (("pad_to_multiple_of", pad_to_multiple_of, 1), ("pad_rows_to", pad_rows_to, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.pad_rows_to = pad_rows_to
         self.width = max_characters_per_token
         self.word_index = {}
         for index, word in enumerate(word_vocab):
@@ -354,8 +359,8 @@ class BatchEncoder:
         self.unk_index = self.word_index[UNKNOWN_WORD]
 
     @classmethod
-    def from_tokenizer(cls, tokenizer, pad_to_multiple_of: int = 1) -> "BatchEncoder":
-        return cls(tokenizer.word_vocab, tokenizer.max_characters_per_token, pad_to_multiple_of)
+    def from_tokenizer(cls, tokenizer, pad_to_multiple_of: int = 1, pad_rows_to: int = 0) -> "BatchEncoder":
+        return cls(tokenizer.word_vocab, tokenizer.max_characters_per_token, pad_to_multiple_of, pad_rows_to)
 
     def char_rows(self, distinct: dict[str, int]) -> np.ndarray:
         """`(len(distinct) + 1, width)` char ids: row i = `word_to_char_ids` of the word numbered i, then zeros."""
@@ -371,6 +376,9 @@ class BatchEncoder:
         )
         word_ids = np.append(word_ids, -100)
         lengths = np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences))
+        num_tokens = int(lengths.sum()) + len(sentences)
+        if len(sentences) < self.pad_rows_to:
+            lengths = np.concatenate([lengths, np.zeros(self.pad_rows_to - len(sentences), dtype=np.int64)])
         padded_length = -(-int(lengths.max(initial=0)) // self.pad_to_multiple_of) * self.pad_to_multiple_of
         mask = np.arange(padded_length)[None, :] < lengths[:, None]
         index = np.full(mask.shape, len(words), dtype=np.int64)
@@ -379,7 +387,7 @@ class BatchEncoder:
             "input_ids": torch.from_numpy(table[index]),
             "attention_mask": torch.from_numpy(mask.astype(np.int64)),
             "labels": torch.from_numpy(word_ids[index]),
-            "num_tokens": int(lengths.sum()) + len(sentences),
+            "num_tokens": num_tokens,
         }
 
 

@@ -26,6 +26,7 @@ from hf_elmo.cli import pretrain_main
 from hf_elmo.log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
 from hf_elmo.pretraining import COMPILED_LENGTH_BUCKET, latest_checkpoint, padding_multiple
 from hf_elmo.pretraining_data import (
+    BatchEncoder,
     CorpusError,
     SentenceBatchStream,
     count_words,
@@ -69,6 +70,35 @@ def test_lm_targets_put_boundaries_where_bilm_tf_predicts_them():
     # Forward: <S> -> w0, w_i -> w_{i+1}, last word -> </S>. Backward: </S> -> last word, w_i -> w_{i-1}, w0 -> <S>.
     assert forward_targets.tolist() == [[10, 11, 12, 3, -100], [20, 3, -100, -100, -100]]
     assert backward_targets.tolist() == [[-100, 5, 10, 11, 12], [-100, 5, 20, -100, -100]]
+    # A row without words (padding up to a fixed row count) predicts nothing, not even </S> or <S>.
+    empty = model.lm_targets(torch.full((1, 3), -100), torch.tensor([[1, 1, 0, 0, 0]], dtype=torch.bool))
+    assert [t.tolist() for t in empty] == [[[-100] * 5], [[-100] * 5]]
+
+
+def test_rows_without_words_change_neither_the_losses_nor_the_gradients():
+    words = [f"w{i}" for i in range(37)]
+    sentences = [["w1", "w2", "w3", "w4", "w5"], ["w6", "w7", "w8"], ["w9"]]
+    vocab = ["<S>", "</S>", "<UNK>", *words]
+    batch, padded = BatchEncoder(vocab)(sentences), BatchEncoder(vocab, pad_rows_to=5)(sentences)
+    assert padded["input_ids"].shape == (5, 5, 50) and padded["labels"][3:].eq(-100).all()
+    assert padded["attention_mask"][3:].eq(0).all() and padded["input_ids"][3:].eq(0).all()
+    assert batch.pop("num_tokens") == padded.pop("num_tokens") == 12  # the padding rows predict nothing
+    torch.manual_seed(0)
+    model = ElmoForPreTraining(tiny_config(lm_dropout=0.0)).train()  # vocabulary 40: the full softmax
+    results = []
+    for inputs in (batch, padded):
+        model.zero_grad()
+        out = model(**inputs)
+        out.loss.backward()
+        results.append((out, [p.grad.clone() for p in model.parameters()]))
+    (plain, plain_grads), (with_padding, padded_grads) = results
+    assert int(plain.num_predictions) == int(with_padding.num_predictions) == (5 + 1) + (3 + 1) + (1 + 1)  # words + </S> per row
+    for name in ("loss", "forward_loss", "backward_loss"):
+        assert torch.allclose(getattr(plain, name), getattr(with_padding, name), rtol=1e-6, atol=0)
+    assert max(float((a - b).abs().max()) for a, b in zip(plain_grads, padded_grads)) < 1e-6
+    # Padding rows alone: no prediction, loss 0 (not 0 / 0).
+    alone = model(**{key: value[3:] for key, value in padded.items()})
+    assert float(alone.loss) == 0.0 and int(alone.num_predictions) == 0
 
 
 def _batch(seed=0, vocab_size=40):
