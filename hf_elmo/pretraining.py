@@ -6,6 +6,7 @@ options, `hf-elmo pretrain --help`, without torch or transformers); its loop, he
 checkpoints, `hf_elmo.pretraining_checkpoints` (what a run writes to resume exactly, and how it reads it back).
 """
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -15,6 +16,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 
 import torch
 
@@ -48,14 +50,30 @@ METRICS_FILE = "metrics.jsonl"
 COMPILED_LENGTH_BUCKET = 8
 
 
-def padding_multiple(config, device) -> int:
+def padding_multiple(config, device, captured: bool = False) -> int:
     """
-    The multiple of words a training batch is padded to: `COMPILED_LENGTH_BUCKET` for the compiled ("cuda")
-    implementation, whose graphs and caching allocator then meet a few shapes per run; 1 (the longest sentence)
-    for the others, eager code that gains nothing from it and would score the padding too (13% more positions on
-    `sotu`'s sentences).
+    The multiple of words a training batch is padded to: `COMPILED_LENGTH_BUCKET` for compiled code (the captured
+    training step, the "cuda" implementation), whose graphs and caching allocator then meet a few shapes per run;
+    1 (the longest sentence) for the others, eager code that gains nothing from it and would score the padding too
+    (13% more positions on `sotu`'s sentences).
     """
-    return COMPILED_LENGTH_BUCKET if implementation_name(config.elmo_implementation, device) == "cuda" else 1
+    if captured or implementation_name(config.elmo_implementation, device) == "cuda":
+        return COMPILED_LENGTH_BUCKET
+    return 1
+
+
+def use_captured_step(args, device, mixed_precision: str) -> bool:
+    """--training-step resolved: "auto" is the captured step on a GPU where the options allow it (logged)."""
+    from .pretraining_args import captured_step_unsupported
+
+    if args.training_step != "auto":
+        return args.training_step == "captured"
+    if device.type != "cuda":
+        return False
+    unsupported = captured_step_unsupported(argparse.Namespace(**{**vars(args), "mixed_precision": mixed_precision}))
+    if unsupported:
+        logger.info("Training step: eager, because of %s", unsupported)
+    return unsupported is None
 
 
 class TrainingDiverged(RuntimeError):
@@ -344,8 +362,11 @@ class PretrainingRun:
         model = build_model(args, base, encoder, self.tokenizer)
         del encoder
         sampled = 0 < model.config.num_softmax_samples < model.config.vocab_size
-        # Before the model is wrapped: DDP reads it to know which gradients come sparse.
-        model.softmax.sparse = sparse_softmax_gradients(args.optimizer, sampled, accelerator.num_processes)
+        self.captured = use_captured_step(args, accelerator.device, accelerator.mixed_precision)
+        # Before the model is wrapped: DDP reads it to know which gradients come sparse. The captured step's
+        # gradients are dense (a sparse tensor's shape depends on the data).
+        model.softmax.sparse = not self.captured and sparse_softmax_gradients(
+            args.optimizer, sampled, accelerator.num_processes)
         if model.softmax.sparse:
             # Off by default; torch's Adagrad builds sparse tensors without saying so, and warns unless told.
             torch.sparse.check_sparse_tensor_invariants.disable()
@@ -356,7 +377,9 @@ class PretrainingRun:
             "sparse" if model.softmax.sparse else "dense", len(files),
         )
         self.batch_encoder = BatchEncoder.from_tokenizer(
-            self.tokenizer, pad_to_multiple_of=padding_multiple(model.config, accelerator.device)
+            self.tokenizer, pad_to_multiple_of=padding_multiple(model.config, accelerator.device, self.captured),
+            # The captured step's graphs have one row count; a batch is never larger than --batch-size.
+            pad_rows_to=args.batch_size if self.captured else 0,
         )
         self.eval_batches = self._eval_batches()
 
@@ -387,9 +410,30 @@ class PretrainingRun:
                 os.path.join(args.output_dir, "training_args.json"),
                 {**vars(args), "batching": "sentences", "num_processes": accelerator.num_processes},
             )
+        self.captured_step = self._build_captured_step() if self.captured else None
         accelerator.init_trackers("elmo-pretraining", config=tracker_config(args, accelerator))
         self.metrics_file = os.path.join(args.output_dir, METRICS_FILE)
         self.batches = None
+
+    def _build_captured_step(self):
+        """The captured step over the model and optimizer as prepared (and as restored by --resume)."""
+        from .captured_step import CapturedTrainingStep
+
+        args, accelerator = self.args, self.accelerator
+        step = CapturedTrainingStep(
+            accelerator.unwrap_model(self.model), self.optimizer.optimizer, loss_scale=args.loss_scale,
+            max_grad_norm=args.max_grad_norm, accumulation_steps=args.gradient_accumulation_steps,
+            world_size=accelerator.num_processes,
+            autocast_dtype=torch.bfloat16 if accelerator.mixed_precision == "bf16" else None,
+            backend=args.compile_backend,
+        )
+        logger.info(
+            "Training step: captured (two graphs compiled by torch.compile, backend %s%s; batches of %d rows, "
+            "lengths padded to a multiple of %d words; dense softmax gradient)", args.compile_backend,
+            ", replayed as CUDA graphs" if accelerator.device.type == "cuda" else "", args.batch_size,
+            self.batch_encoder.pad_to_multiple_of,
+        )
+        return step
 
     def _eval_batches(self) -> list[dict]:
         """This process's share of the held-out sentences, as model inputs (shortest first)."""
@@ -488,13 +532,25 @@ class PretrainingRun:
         tokens = item.pop("num_tokens")
         return {key: value.to(self.accelerator.device, non_blocking=True) for key, value in item.items()}, tokens
 
-    def optimizer_step(self, window: "LossWindow") -> float:
+    def optimizer_step(self, window: "LossWindow") -> float | torch.Tensor:
         """
         One optimizer step over `--gradient-accumulation-steps` micro-batches, their losses added to `window`.
         Returns the gradient norm; a non-finite one saves a checkpoint of the weights from before the step and
-        stops the run.
+        stops the run (the captured step finds it at the next logging step: `log_window`).
         """
         args, accelerator, model = self.args, self.accelerator, self.model
+        if self.captured_step is not None:
+            for _ in range(args.gradient_accumulation_steps):
+                batch, tokens = self.next_batch()
+                window.add(self.captured_step.accumulate(batch).double(), tokens)
+            self.captured_step.all_reduce()
+            grad_norm = self.captured_step.update()  # on the device: read at logging steps only
+            with warnings.catch_warnings():
+                # The update ran inside the graph, where torch's check that optimizer.step() came first cannot see.
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
+                self.scheduler.step()
+            self.progress.step += 1
+            return grad_norm
         micro_losses = []
         for _ in range(args.gradient_accumulation_steps):
             batch, tokens = self.next_batch()
@@ -527,8 +583,11 @@ class PretrainingRun:
         self.progress.step += 1
         return grad_norm
 
-    def log_window(self, window: "LossWindow", grad_norm: float) -> dict:
+    def log_window(self, window: "LossWindow", grad_norm: float | torch.Tensor) -> dict:
         """The training metrics since the last logging step, over all processes; logged, and returned."""
+        if self.captured_step is not None:
+            self._stop_if_diverged()
+        grad_norm = float(grad_norm)
         totals, elapsed = window.reduce(self.accelerator)
         self.progress.tokens += int(totals[4])
         n = float(totals[3])
@@ -552,6 +611,25 @@ class PretrainingRun:
             metrics["train/learning_rate"], metrics["train/grad_norm"], metrics["train/tokens_per_second"],
         )
         return metrics
+
+    def _stop_if_diverged(self) -> None:
+        """The captured step's non-finite gradient, found at a logging step: the graphs applied nothing from that
+        step on, so the weights are those from before it. Checkpoint them and stop."""
+        applied = self.captured_step.steps_before_first_bad()
+        if applied is None:
+            return
+        read_up_to = self.progress.step
+        # The batches read meanwhile are passed over, as the eager step passes over an offending batch.
+        self.progress.step = applied
+        path = self.save_checkpoint()
+        raise TrainingDiverged(
+            f"step {applied + 1}: the gradient norm is not finite; training stopped (found at step {read_up_to}'s "
+            f"logging: the captured step applied nothing from step {applied + 1} on). {path} holds the model and "
+            f"optimizer from before step {applied + 1}, with the data position after step {read_up_to}'s "
+            "batches: --resume continues past them (with a new --learning-rate if given). If the weights had "
+            "already gone bad, resume from an earlier checkpoint (remove the later ones). Also try a lower "
+            "--max-grad-norm, or --mixed-precision no."
+        )
 
     # -- the loop -----------------------------------------------------------------------------------------------
     def train(self) -> dict:

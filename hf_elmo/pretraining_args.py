@@ -129,6 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="default: what `accelerate launch`/`accelerate config` says, else no.")
     train.add_argument("--seed", type=int, default=42,
                        help="seeds initialisation, data order, dropout and negatives (default: %(default)s).")
+    train.add_argument("--training-step", choices=("auto", "captured", "eager"), default="auto",
+                       help="captured: each optimizer step runs as two graphs compiled whole by torch.compile "
+                       "(replayed as CUDA graphs on a GPU: the host launches a few graphs a step instead of "
+                       "thousands of kernels), batches padded to --batch-size rows and to a multiple of 8 words, "
+                       "the softmax's gradient dense; it needs Adagrad at a constant learning rate and no fp16. "
+                       "eager: the step as plain PyTorch, with the softmax's sparse gradient on a CPU. auto "
+                       "(default): captured on a GPU where the options allow it, else eager.")
+    train.add_argument("--compile-backend", default="inductor",
+                       help="torch.compile's backend for the captured step (default: %(default)s; aot_eager traces "
+                       "and checks the graphs without generating code, quick to start on a CPU).")
 
     report = parser.add_argument_group("logging, evaluation, checkpoints")
     report.add_argument("--logging-steps", type=int, default=50,
@@ -146,6 +156,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "auto (default: tensorboard when it is installed, else none), tensorboard, wandb, ..., all, "
                         "none.")
     return parser
+
+
+def captured_step_unsupported(args) -> str | None:
+    """Why these options need the eager training step, or None. The captured step (hf_elmo.captured_step) runs
+    Adagrad at a constant learning rate (a rate that changed every step would be a new graph every step) and no
+    fp16 loss scaler (it reads the gradient on the host)."""
+    if args.optimizer != "adagrad":
+        return f"--optimizer {args.optimizer} (the captured step runs Adagrad, bilm-tf's optimizer)"
+    if args.lr_scheduler != "constant" or args.warmup_steps:
+        return "a learning-rate schedule (the captured step needs a constant learning rate)"
+    if args.mixed_precision == "fp16":
+        return "--mixed-precision fp16 (its loss scaler reads the gradient on the host; use bf16)"
+    return None
 
 
 def check_args(args, parser) -> None:
@@ -168,6 +191,8 @@ def check_args(args, parser) -> None:
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.learning_rate is None:
         args.learning_rate = DEFAULT_LEARNING_RATES[args.optimizer]
+    if args.training_step == "captured" and captured_step_unsupported(args):
+        parser.error(f"--training-step captured does not support {captured_step_unsupported(args)}")
     if args.report_to in ("auto", "tensorboard"):
         from accelerate.utils import is_tensorboard_available
 
