@@ -33,10 +33,17 @@ import contextlib
 import torch
 
 
+# Graphs kept per function: one per length bucket (13 at `--max-sentence-words` 100 in multiples of 8 words), for
+# every step object of the process (they share the functions' code, on which torch.compile keeps its graphs).
+# torch's default of 8 would make a run with long sentences fail once it met its ninth length.
+GRAPHS_PER_FUNCTION = 64
+
+
 @contextlib.contextmanager
-def traced_autograd():
-    """Let Dynamo trace `torch.autograd.grad` into the graph (off by default: torch 2.13 graph-breaks on it)."""
-    with torch._dynamo.config.patch(trace_autograd_ops=True):
+def compile_settings():
+    """Dynamo traces `torch.autograd.grad` into the graph (off by default: torch 2.13 graph-breaks on it) and keeps
+    `GRAPHS_PER_FUNCTION` graphs per function."""
+    with torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=GRAPHS_PER_FUNCTION):
         yield
 
 
@@ -129,7 +136,7 @@ class CapturedTrainingStep:
     # -- what the training loop calls -----------------------------------------------------------------------------
     def accumulate(self, batch: dict) -> torch.Tensor:
         """One micro-batch: its gradient added to the buffer; its (loss, forward, backward) losses, on the device."""
-        with traced_autograd():
+        with compile_settings():
             losses = self._accumulate(batch["input_ids"], batch["attention_mask"], batch["labels"])
         return losses.clone()  # a CUDA graph's output is overwritten by its next replay
 
@@ -140,7 +147,8 @@ class CapturedTrainingStep:
 
     def update(self) -> torch.Tensor:
         """Clip, apply Adagrad, zero the buffer; the gradient norm before clipping, on the device."""
-        return self._update().clone()
+        with compile_settings():
+            return self._update().clone()
 
     def steps_before_first_bad(self) -> int | None:
         """Read back (a sync: at logging steps only): None while every step was finite, else how many steps had

@@ -347,9 +347,10 @@ class BatchEncoder:
 
     def __init__(self, word_vocab: list[str], max_characters_per_token: int = 50, pad_to_multiple_of: int = 1,
                  pad_rows_to: int = 0):
-        for name, value, least in (("pad_to_multiple_of", pad_to_multiple_of, 1), ("pad_rows_to", pad_rows_to, 0)):
+        for name, value, least, kind in (("pad_to_multiple_of", pad_to_multiple_of, 1, "a positive"),
+                                         ("pad_rows_to", pad_rows_to, 0, "a non-negative")):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
+                raise ValueError(f"{name} must be {kind} integer, got {value!r}.")
         self.pad_to_multiple_of = pad_to_multiple_of
         self.pad_rows_to = pad_rows_to
         self.width = max_characters_per_token

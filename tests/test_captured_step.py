@@ -2,7 +2,10 @@
 
 import copy
 import json
+import logging
+import math
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,42 +13,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_elmo import ElmoConfig, ElmoForPreTraining
+import captured_training
+from captured_training import adagrad, encode, pretraining_model
 from hf_elmo.captured_step import CapturedTrainingStep
 from hf_elmo.cli import pretrain_main
-from hf_elmo.pretraining import COMPILED_LENGTH_BUCKET, clip_gradient_norm
-from hf_elmo.pretraining_data import BatchEncoder
+from hf_elmo.pretraining import clip_gradient_norm
 from hf_elmo.testing_utils import free_port, launch_failure_report
 
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TINY = {"char_filters": [[1, 4], [2, 4], [3, 8]], "n_highway": 1, "char_embedding_dim": 4, "lstm_dim": 24,
-        "projection_dim": 8, "num_lstm_layers": 2, "cell_clip": 3.0, "proj_clip": 3.0}
-WORDS = [f"w{i}" for i in range(297)]
-VOCAB = ["<S>", "</S>", "<UNK>", *WORDS]
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # conftest.py
-
-
-def sentences(lengths, offset=0) -> list[list[str]]:
-    return [[WORDS[(offset + 7 * i + 13 * j) % len(WORDS)] for j in range(n)] for i, n in enumerate(lengths)]
-
-
-def encode(lengths, rows=5, offset=0) -> dict:
-    """A batch as `hf-elmo pretrain` gives the captured step: `rows` rows, a multiple of 8 words."""
-    batch = BatchEncoder(VOCAB, pad_to_multiple_of=COMPILED_LENGTH_BUCKET, pad_rows_to=rows)(sentences(lengths, offset))
-    del batch["num_tokens"]
-    return batch
-
-
-def pretraining_model(dropout=0.1, samples=64) -> ElmoForPreTraining:
-    torch.manual_seed(0)
-    return ElmoForPreTraining(ElmoConfig(**TINY, vocab_size=len(VOCAB), num_softmax_samples=samples,
-                                         lm_dropout=dropout)).train()
-
-
-def adagrad(model):
-    return torch.optim.Adagrad(model.parameters(), lr=0.2, initial_accumulator_value=1.0)
 
 
 def captured(model, **options) -> CapturedTrainingStep:
@@ -173,3 +151,70 @@ def test_captured_with_options_it_cannot_run_is_a_usage_error(options, reason, c
                        "--training-step", "captured", *options])
     assert exit_info.value.code == 2
     assert f"error: --training-step captured does not support {reason}" in capsys.readouterr().err
+
+
+def test_two_processes_all_reduce_between_the_graphs_to_one_processs_weights(tmp_path):
+    """gloo, each process half of every global batch; one process accumulates both halves."""
+    torch._dynamo.reset()
+    reference = captured_training.train()
+    command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes",
+               "2", "--num_machines", "1", "--main_process_port", str(free_port()), "--dynamo_backend", "no",
+               captured_training.__file__, str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.path.dirname(captured_training.__file__)]),
+           "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, launch_failure_report(result.stdout)
+    two = load_file(tmp_path / "weights-2.safetensors")
+    assert two.keys() == reference.keys()
+    moved = max(float((two[k] - pretraining_model(0.0, 0).state_dict()[k]).abs().max()) for k in two)
+    assert moved > 1e-2
+    assert max(float((two[k] - reference[k]).abs().max()) for k in two) < 1e-6
+
+
+# ------------------------------------------------------------------------------------------------ hf-elmo pretrain
+def _pretrain(corpus, output, *extra) -> int:
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    (corpus / "captured-tiny.json").write_text(json.dumps(captured_training.TINY), encoding="utf-8")
+    return pretrain_main([
+        "--train-files", str(corpus / "train.txt"), "--config", str(corpus / "captured-tiny.json"),
+        "--output-dir", str(output), "--max-sentence-words", "8", "--seed", "1", "--build-vocab", "--min-count", "2",
+        "--num-softmax-samples", "256", "--batch-size", "6", "--num-workers", "0", "--report-to", "none",
+        "--training-step", "captured", "--compile-backend", "aot_eager", *extra,
+    ])
+
+
+def test_a_resumed_captured_run_ends_bit_exactly_as_an_uninterrupted_one(english_corpus, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="hf_elmo")
+    assert _pretrain(english_corpus, tmp_path / "whole", "--max-steps", "4", "--save-steps", "2",
+                     "--logging-steps", "2", "--mixed-precision", "bf16") == 0
+    assert "Training step: captured (two graphs compiled by torch.compile, backend aot_eager; batches of 6 rows, " \
+           "lengths padded to a multiple of 8 words; dense softmax gradient)" in caplog.text
+    assert "sampled (256 negatives) softmax in training (dense gradient)" in caplog.text
+    assert _pretrain(english_corpus, tmp_path / "split", "--max-steps", "2", "--save-steps", "2",
+                     "--logging-steps", "2", "--mixed-precision", "bf16") == 0
+    caplog.clear()
+    assert _pretrain(english_corpus, tmp_path / "split", "--max-steps", "4", "--save-steps", "2",
+                     "--logging-steps", "2", "--mixed-precision", "bf16", "--resume") == 0
+    assert f"Resumed from {tmp_path / 'split' / 'checkpoint-2'}: step 2" in caplog.text
+    whole, split = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "split" / "model.safetensors")
+    assert all(torch.equal(whole[k], split[k]) for k in whole)
+    metrics = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [2, 4] and all(math.isfinite(m["train/grad_norm"]) for m in metrics)
+
+
+def test_a_gradient_that_is_not_finite_stops_the_run_at_the_next_logging_step(english_corpus, tmp_path, capsys):
+    # Adagrad at lr 1e30: step 1 throws the weights to ~1e30, and step 2's gradient is not finite.
+    output = tmp_path / "diverged"
+    assert _pretrain(english_corpus, output, "--learning-rate", "1e30", "--max-steps", "6", "--logging-steps", "3",
+                     "--save-steps", "6") == 1
+    message = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")][-1]
+    assert "step 2: the gradient norm is not finite; training stopped (found at step 3's logging: the captured " \
+           "step applied nothing from step 2 on)" in message
+    assert "checkpoint-1 holds the model and optimizer from before step 2, with the data position after step 3's " \
+           "batches" in message
+    state = json.loads((output / "checkpoint-1" / "training_state.json").read_text())
+    assert state["progress"]["step"] == 1 and not os.path.exists(output / "model.safetensors")

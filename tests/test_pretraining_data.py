@@ -64,6 +64,8 @@ def test_batch_encoder_equals_the_tokenizer(tmp_path):
     assert (bucketed["labels"][:, 8:] == -100).all()
     with pytest.raises(ValueError, match="pad_to_multiple_of must be a positive integer, got 0"):
         BatchEncoder.from_tokenizer(tokenizer, pad_to_multiple_of=0)
+    with pytest.raises(ValueError, match="pad_rows_to must be a non-negative integer, got -1"):
+        BatchEncoder.from_tokenizer(tokenizer, pad_rows_to=-1)
     # Another row width (a model with max_characters_per_token 12).
     narrow = ElmoTokenizer(vocab_file=str(tmp_path / "vocab.txt"), max_characters_per_token=12)
     assert torch.equal(BatchEncoder.from_tokenizer(narrow)(odd)["input_ids"], tokenizer_batch(narrow, odd)["input_ids"])
