@@ -3,7 +3,7 @@
 
     python benchmarks/bench_pretrain.py [--device cpu|cuda] [--config small|original|recipe|FILE] [--text FILE]
         [--batch-size 128] [--mixed-precision bf16|no] [--steps 10] [--num-workers 2] [--vocab-size N]
-        [--peer bilm-tf]
+        [--training-step auto|captured|eager] [--peer bilm-tf]
 
 The timed step is `hf-elmo pretrain`'s own: a `PretrainingRun` (bilm-tf's recipe: sampled softmax with 8192
 log-uniform negatives, Adagrad lr 0.2 with sparse softmax gradients, gradient x 20, global-norm clipping at 10,
@@ -14,11 +14,15 @@ words to N (793471 for bilm-tf's 1B Word softmax). The text (default: the Wikipe
 `hf_elmo.testing_utils`, 4000 sentences, fetched once with pip) goes through the same stream and DataLoader
 workers as in training. Tokens are what the LMs predict: words + one `</S>` per sentence.
 
-- `tokens_per_s`: `--steps` optimizer steps after `--warmup-steps`, timed end to end (data included).
+- `tokens_per_s`: `--steps` optimizer steps after `--warmup-steps`, timed end to end (data included). With the
+  captured step (`--training-step`, `hf-elmo pretrain`'s: auto is captured on a GPU), a step that met a new length
+  bucket compiled its graph: such steps are left out of the figure and counted in `steps_that_compiled` and
+  `compile_s`, and `graphs` says how many the run holds.
 - `split_s_per_step`: a separate profiling pass of the same `optimizer_step`, with hooks that synchronise at each
   section's edges (so its total is a little slower than the timed pass): data (waiting for the next batch and
   copying it to the device), char CNN, biLSTM and softmax (forward + backward each; the softmax part is everything
-  after the biLSTM, loss included), optimizer (clipping and the update).
+  after the biLSTM, loss included), optimizer (clipping and the update). The captured step's graphs have no edges
+  inside: its split is data, `accumulate` (forward and backward) and `update` (clipping and Adagrad).
 - `pipeline_tokens_per_s`: the data pipeline alone (read, split, shuffle, encode, nothing else), in the training
   process (`workers_0`) and with `--num-workers` workers, and its ratio to `tokens_per_s`.
 - `peak_memory_mib`: peak GPU memory allocated (cuda) or the process's peak RSS (cpu, VmHWM, which includes the
@@ -132,6 +136,7 @@ def pretraining_run(args, text: str, vocab_words: list[str], workdir: str):
         "--output-dir", os.path.join(workdir, "run"), "--max-steps", str(10**9), "--batch-size", str(args.batch_size),
         "--num-workers", str(args.num_workers), "--mixed-precision", args.mixed_precision, "--seed", "0",
         "--report-to", "none", "--logging-steps", str(10**9), "--save-steps", str(10**9),
+        "--training-step", args.training_step, "--compile-backend", args.compile_backend,
     ]
     if args.threads:
         argv += ["--threads", str(args.threads)]
@@ -170,6 +175,35 @@ def run_peer(args, files: list[str], splitter, vocab_words: list[str], workdir: 
     if child.returncode != 0 or not lines:
         raise SystemExit(child.stderr.strip().splitlines()[-1] if child.stderr.strip() else "bilm_tf_peer failed")
     return json.loads(lines[-1])
+
+
+class CapturedSections:
+    """The captured step's sections, each edge marked after a synchronisation: data (the run's `next_batch`), the
+    `accumulate` graph (forward and backward) and the `update` graph (clipping and Adagrad)."""
+
+    implementation = "cuda"  # what ElmoBiLstm runs inside torch.compile, on any device
+
+    def __init__(self, run, sync, device):
+        self.totals = dict.fromkeys(("data", "accumulate", "update"), 0.0)
+        for owner, name, section in ((run, "next_batch", "data"), (run.captured_step, "accumulate", "accumulate"),
+                                     (run.captured_step, "update", "update")):
+            setattr(owner, name, self._timed(getattr(owner, name), section, sync))
+
+    def _timed(self, function, section, sync):
+        def timed(*args):
+            sync()
+            start = time.perf_counter()
+            result = function(*args)
+            sync()
+            self.totals[section] += time.perf_counter() - start
+            return result
+
+        return timed
+
+    def split(self) -> dict:
+        """The seconds per section since the last call."""
+        split, self.totals = self.totals, dict.fromkeys(self.totals, 0.0)
+        return split
 
 
 class Sections:
@@ -269,6 +303,9 @@ def main():
     parser.add_argument("--text", default=None, help="one sentence per line (default: the testing_utils sample)")
     parser.add_argument("--batch-size", type=int, default=128, help="sentences per step (default: %(default)s)")
     parser.add_argument("--mixed-precision", choices=("bf16", "no"), default="no")
+    parser.add_argument("--training-step", choices=("auto", "captured", "eager"), default="auto",
+                        help="hf-elmo pretrain's --training-step (default: %(default)s: captured on a GPU)")
+    parser.add_argument("--compile-backend", default="inductor", help="the captured step's (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps (default: %(default)s)")
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--profile-steps", type=int, default=3, help="steps of the profiling pass")
@@ -344,23 +381,29 @@ def main():
         sync()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        window = LossWindow(device)
-        start = time.perf_counter()
+        # Each step timed alone: one that compiled a graph (a new length bucket, captured step) is counted apart.
+        graphs = torch._dynamo.utils.counters["stats"]
+        elapsed = tokens = compile_s = steps_that_compiled = 0
         for _ in range(args.steps):
+            window = LossWindow(device)
+            before, start = graphs["unique_graphs"], time.perf_counter()
             run.optimizer_step(window)
-        sync()
-        elapsed = time.perf_counter() - start
-        tokens = window.tokens
-        tokens_per_s = tokens / elapsed
+            sync()
+            seconds = time.perf_counter() - start
+            if graphs["unique_graphs"] != before:
+                compile_s, steps_that_compiled = compile_s + seconds, steps_that_compiled + 1
+            else:
+                elapsed, tokens = elapsed + seconds, tokens + window.tokens
+        tokens_per_s = tokens / elapsed if elapsed else None
         peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mib()
 
         # Profiling pass: the same optimizer_step, its sections marked by hooks that synchronise at each edge.
-        sections = Sections(run, sync, args.device)
-        split = dict.fromkeys(("data", "char_cnn", "bilstm", "softmax", "optimizer"), 0.0)
+        sections = (CapturedSections if run.captured_step else Sections)(run, sync, args.device)
+        split = {}
         for _ in range(args.profile_steps):
             run.optimizer_step(window)
             for name, seconds in sections.split().items():
-                split[name] += seconds
+                split[name] = split.get(name, 0.0) + seconds
         top_ops = operator_profile(run, window, args.profile_steps, args.top_ops) if args.top_ops else None
         sparse_softmax = bool(accelerator.unwrap_model(run.model).softmax.sparse)
         run.batches = None  # stops the workers
@@ -373,21 +416,26 @@ def main():
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "mixed_precision": args.mixed_precision,
+        "training_step": "captured" if isinstance(sections, CapturedSections) else "eager",
         "elmo_implementation": sections.implementation,
         "softmax_negatives": 8192,
         "softmax_gradient": "sparse" if sparse_softmax else "dense",
         "steps": args.steps,
         **common,
-        "tokens_per_s": round(tokens_per_s, 1),
-        "tokens_per_step": round(tokens / args.steps, 1),
+        "tokens_per_s": None if tokens_per_s is None else round(tokens_per_s, 1),
+        "tokens_per_step": round(tokens / (args.steps - steps_that_compiled), 1) if tokens else None,
+        "steps_that_compiled": steps_that_compiled,
+        "compile_s": round(compile_s, 1),
+        "graphs": graphs["unique_graphs"],
         "peak_memory_mib": None if peak is None else round(peak, 1),
         "peak_memory_kind": "cuda_max_allocated" if device.type == "cuda" else "rss_vmhwm",
         "split_s_per_step": {k: round(v / args.profile_steps, 4) for k, v in split.items()},
-        "pipeline_vs_training": round(max(pipeline.values()) / tokens_per_s, 1),
+        "pipeline_vs_training": round(max(pipeline.values()) / tokens_per_s, 1) if tokens_per_s else None,
         **({} if top_ops is None else {"top_ops_per_step": top_ops}),
         **({} if peer is None else {
             "peer": peer,
-            "ratio_to_peer": round(tokens_per_s / peer["tokens_per_s"], 2) if "tokens_per_s" in peer else None,
+            "ratio_to_peer": (round(tokens_per_s / peer["tokens_per_s"], 2)
+                              if "tokens_per_s" in peer and tokens_per_s else None),
         }),
         "load_average_1min": round(os.getloadavg()[0], 2),
     }))

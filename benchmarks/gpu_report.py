@@ -23,8 +23,17 @@ rest are listed as skipped:
   `hf-elmo pretrain` adds one read per step on purpose (the gradient norm).
 - `recompiles`: torch.compile graphs of the recurrence after warm-up, and how many more over batches of other
   lengths and row counts and an evaluation (0 is the target).
-- `profiled_step`: one steady-state training step under torch.profiler: kernels launched, GPU busy fraction,
-  and the biLSTM forward's host time against the step's device time.
+- `captured_step`: the training step `hf-elmo pretrain` runs on a GPU (`hf_elmo.captured_step`: forward, backward,
+  clip and Adagrad as two graphs compiled whole, replayed as CUDA graphs), fp32, dropout off: its graphs and graph
+  breaks (`graph_breaks`, 0: they compile with fullgraph=True), its compile time, the largest difference of one
+  captured step from one eager step of the reference implementation (`max_abs_diff_vs_eager`: loss, gradients,
+  weights; inductor draws its own random numbers, so the comparison runs with `fallback_random`), then steady-state
+  steps: host syncs per step (CUDA's sync debug mode; 0 is the target), and one profiled step's kernel launches
+  from Python (`kernel_launches_per_step`: the CUDA runtime's launch calls, a graph replay counting one; target <=
+  50), wall time and GPU busy fraction (target >= 0.8). On the CPU the launches are not counted (None).
+- `profiled_step`: one steady-state eager training step (the step before `captured_step`, for comparison) under
+  torch.profiler: kernels launched, GPU busy fraction, and the biLSTM forward's host time against the step's device
+  time.
 - `pretraining`: `bench_pretrain.py` (hf-elmo pretrain's own step), small and original, bf16, 128 sentences, at
   the text's vocabulary and at 793,471 words (bilm-tf's 1B Word softmax), with peak memory.
 - `inference`: `bench_inference.py`, small and original, bf16 at batches 64 and 256, with the largest difference
@@ -298,6 +307,100 @@ def recompiles(setting: Setting) -> dict:
         torch._dynamo.reset()
 
 
+def captured_step(setting: Setting) -> dict:
+    import copy
+
+    from hf_elmo.captured_step import CapturedTrainingStep
+    from hf_elmo.pretraining import COMPILED_LENGTH_BUCKET
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    config = setting.config(vocab_size=setting.vocab_size, num_softmax_samples=setting.samples, lm_dropout=0.0)
+    base = ElmoForPreTraining(config).to(setting.device).train()
+
+    def padded(batch):  # to the captured step's length bucket (rows are already the setting's)
+        ids, mask, labels = batch
+        extra = -ids.shape[1] % COMPILED_LENGTH_BUCKET
+        pad = lambda t, value: torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, extra), value=value)  # noqa
+        return {"input_ids": pad(ids, 0), "attention_mask": pad(mask, 0), "labels": pad(labels, -100)}
+
+    batches = [padded(setting.batch(seed=s)) for s in range(setting.steps + 3)]
+    result = {"rows": setting.rows, "words_padded": int(batches[0]["input_ids"].shape[1])}
+    eager, model = copy.deepcopy(base), copy.deepcopy(base)
+    backend = "aot_eager" if setting.smoke else "inductor"
+    with exact_fp32(), torch._inductor.config.patch(fallback_random=True):
+        eager.set_elmo_implementation("reference")
+        optimizer = torch.optim.Adagrad(eager.parameters(), lr=0.2, initial_accumulator_value=1.0)
+        torch.manual_seed(1)
+        outputs = eager(**batches[0])
+        (outputs.loss * 20).backward()
+        eager_grads = [p.grad.clone() for p in eager.parameters()]
+        clip_gradient_norm(eager.parameters(), 10.0)
+        optimizer.step()
+        step = CapturedTrainingStep(model, torch.optim.Adagrad(model.parameters(), lr=0.2, initial_accumulator_value=1.0),
+                                    loss_scale=20.0, max_grad_norm=10.0, backend=backend)
+        torch._dynamo.utils.counters.clear()
+        torch.manual_seed(1)
+        began = time.perf_counter()
+        losses = step.accumulate(batches[0])
+        grads = [g.clone() for g in step.grads]
+        step.update()
+        setting.synchronize()
+        result["first_step_s_with_compile"] = round(time.perf_counter() - began, 2)
+    result["backend"], result["mode"] = backend, "reduce-overhead" if setting.device.type == "cuda" else None
+    result["graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    result["graph_breaks"] = sum(torch._dynamo.utils.counters["graph_break"].values())
+    result["max_abs_diff_vs_eager"] = {
+        "loss": float((losses[0] - outputs.loss.detach()).abs()),
+        "gradients": max_abs(grads, eager_grads),
+        "weights": max_abs(list(model.parameters()), list(eager.parameters())),
+    }
+    for batch in batches[1:3]:  # CUDA graphs record on the first replays
+        step.accumulate(batch)
+        step.update()
+    setting.synchronize()
+    if setting.device.type == "cuda":
+        caught = []
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for batch in batches[3:]:
+                    step.accumulate(batch)
+                    step.update()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        result["host_syncs_per_step"] = len(syncs) / setting.steps
+        result["host_sync_kinds"] = sorted({str(w.message).splitlines()[0][:160] for w in syncs})
+    else:
+        with HostDataReads() as recorded:
+            for batch in batches[3:]:
+                step.accumulate(batch)
+                step.update()
+        result["host_syncs_per_step"] = len(recorded.calls) / setting.steps
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if setting.device.type == "cuda" else [])
+    setting.synchronize()
+    began = time.perf_counter()
+    with profile(activities=activities) as profiler:
+        step.accumulate(batches[-1])
+        step.update()
+        setting.synchronize()
+    wall = time.perf_counter() - began
+    result["step_wall_s"] = round(wall, 4)
+    events = profiler.events()
+    if setting.device.type == "cuda":
+        launches = [e for e in events if e.name in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel",
+                                                     "cuLaunchKernelEx", "cudaGraphLaunch")]
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        result["kernel_launches_per_step"] = len(launches)
+        result["graph_replays_per_step"] = sum(1 for e in launches if e.name == "cudaGraphLaunch")
+        result["gpu_busy_fraction"] = round(sum(e.device_time for e in kernels) / 1e6 / wall, 3)
+    else:
+        result["kernel_launches_per_step"] = None  # a CPU launches no kernels to count
+    return result
+
+
 def profiled_step(setting: Setting) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -396,7 +499,8 @@ def inference(setting: Setting) -> dict:
 
 SECTIONS = {
     "environment": environment, "cuda_tests": cuda_tests, "exactness": exactness, "host_syncs": host_syncs,
-    "recompiles": recompiles, "profiled_step": profiled_step, "pretraining": pretraining, "inference": inference,
+    "recompiles": recompiles, "captured_step": captured_step, "profiled_step": profiled_step,
+    "pretraining": pretraining, "inference": inference,
 }
 
 
