@@ -29,9 +29,13 @@ same rows, rows without words predict nothing (`ElmoForPreTraining.lm_targets`),
 """
 
 import contextlib
+import logging
+import time
 
 import torch
 
+
+logger = logging.getLogger(__name__)
 
 # Graphs kept per function: one per length bucket (13 at `--max-sentence-words` 100 in multiples of 8 words), for
 # every step object of the process (they share the functions' code, on which torch.compile keeps its graphs).
@@ -76,6 +80,7 @@ class CapturedTrainingStep:
         for p in self.params:
             self.grads.append(self.flat_grad[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
+        self.shapes_compiled = set()
         self.steps_done = torch.zeros((), dtype=torch.long, device=self.device)
         self.first_bad_step = torch.zeros((), dtype=torch.long, device=self.device)
         self.bind_optimizer_state()
@@ -136,8 +141,17 @@ class CapturedTrainingStep:
     # -- what the training loop calls -----------------------------------------------------------------------------
     def accumulate(self, batch: dict) -> torch.Tensor:
         """One micro-batch: its gradient added to the buffer; its (loss, forward, backward) losses, on the device."""
+        shape = tuple(batch["input_ids"].shape[:2])
+        new_shape = shape not in self.shapes_compiled
+        if new_shape:  # compiling a graph takes seconds to minutes: say so, rather than seem to hang
+            logger.info("Compiling the training step for batches of %d rows x %d words", *shape)
+            began = time.perf_counter()
         with compile_settings():
             losses = self._accumulate(batch["input_ids"], batch["attention_mask"], batch["labels"])
+        if new_shape:
+            self.shapes_compiled.add(shape)
+            logger.info("Compiled the training step for %d words in %.1f s (%d length(s) so far)", shape[1],
+                        time.perf_counter() - began, len(self.shapes_compiled))
         return losses.clone()  # a CUDA graph's output is overwritten by its next replay
 
     def all_reduce(self) -> None:

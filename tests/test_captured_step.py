@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,6 +195,9 @@ def test_a_resumed_captured_run_ends_bit_exactly_as_an_uninterrupted_one(english
     assert "Training step: captured (two graphs compiled by torch.compile, backend aot_eager; batches of 6 rows, " \
            "lengths padded to a multiple of 8 words; dense softmax gradient)" in caplog.text
     assert "sampled (256 negatives) softmax in training (dense gradient)" in caplog.text
+    # Sentences of at most 8 words: one length, one graph to compile, and the log says when it does.
+    assert caplog.text.count("Compiling the training step for batches of 6 rows x 8 words") == 1
+    assert re.search(r"Compiled the training step for 8 words in [\d.]+ s \(1 length\(s\) so far\)", caplog.text)
     assert _pretrain(english_corpus, tmp_path / "split", "--max-steps", "2", "--save-steps", "2",
                      "--logging-steps", "2", "--mixed-precision", "bf16") == 0
     caplog.clear()
