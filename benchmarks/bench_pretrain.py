@@ -137,6 +137,7 @@ def pretraining_run(args, text: str, vocab_words: list[str], workdir: str):
         "--num-workers", str(args.num_workers), "--mixed-precision", args.mixed_precision, "--seed", "0",
         "--report-to", "none", "--logging-steps", str(10**9), "--save-steps", str(10**9),
         "--training-step", args.training_step, "--compile-backend", args.compile_backend,
+        "--max-sentence-words", str(args.max_sentence_words),
     ]
     if args.threads:
         argv += ["--threads", str(args.threads)]
@@ -306,6 +307,9 @@ def main():
     parser.add_argument("--training-step", choices=("auto", "captured", "eager"), default="auto",
                         help="hf-elmo pretrain's --training-step (default: %(default)s: captured on a GPU)")
     parser.add_argument("--compile-backend", default="inductor", help="the captured step's (default: %(default)s)")
+    parser.add_argument("--max-sentence-words", type=int, default=100,
+                        help="lines are cut into pieces of at most this many words, as hf-elmo pretrain's option "
+                        "(default: %(default)s); fewer lengths are fewer graphs for the captured step to compile")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps (default: %(default)s)")
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--profile-steps", type=int, default=3, help="steps of the profiling pass")
@@ -347,7 +351,7 @@ def main():
         tokenizer = ElmoTokenizer(vocab_file=vocab_file)
     encoder = BatchEncoder.from_tokenizer(tokenizer)
     settings = dict(files=files, split_words=splitter, batch_size=args.batch_size, seed=0, shuffle_window=100_000,
-                    max_words=100)
+                    max_words=args.max_sentence_words)
 
     pipeline = {"workers_0": pipeline_rate(settings, encoder, 0, args.pipeline_epochs)}
     if args.num_workers:
@@ -421,6 +425,7 @@ def main():
         "softmax_negatives": 8192,
         "softmax_gradient": "sparse" if sparse_softmax else "dense",
         "steps": args.steps,
+        "max_sentence_words": args.max_sentence_words,
         **common,
         "tokens_per_s": None if tokens_per_s is None else round(tokens_per_s, 1),
         "tokens_per_step": round(tokens / (args.steps - steps_that_compiled), 1) if tokens else None,

@@ -187,7 +187,7 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
     report = json.loads(done.stdout.strip().splitlines()[-1])
     sections = report["sections"]
     assert list(sections) == ["environment", "cuda_tests", "exactness", "host_syncs", "recompiles", "captured_step",
-                              "profiled_step", "pretraining", "inference"]
+                              "profiled_step", "pretraining", "data_parallel", "inference"]
     progress = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"section"')]
     assert [line.pop("section") for line in progress] == list(sections) and progress == list(sections.values())
     assert not [name for name, section in sections.items() if "error" in section], sections
@@ -211,6 +211,8 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
     runs = sections["pretraining"]["runs"]
     assert [run.get("vocab_size") for run in runs][1] == 40000 and all(run["tokens_per_s"] > 0 for run in runs)
     assert all(run["softmax_gradient"] == "sparse" for run in runs)
+    assert sections["data_parallel"]["skipped"] == ("0 GPU(s): tokens/s per GPU for 1 and N processes needs at least 2 "
+                                                    "(the --smoke run is on the CPU)")
     assert [run["dtype"] for run in sections["inference"]["runs"]] == ["fp32", "bf16"]
     peer = sections["inference"]["allennlp"]  # side_by_side.py: AllenNLP 0.9.0 from its wheel, no other package
     assert peer["tiny"]["max_abs_diff_vs_allennlp"] < 1e-5 and peer["tiny"]["ratio_of_medians"] > 0
