@@ -46,7 +46,8 @@ CHARACTERS_PER_TOKEN = 50  # AllenNLP's ELMoCharacterMapper.max_word_length
 
 
 class ConfigurationError(ValueError):
-    """What AllenNLP raised as `allennlp.common.checks.ConfigurationError` (blank input lines, duplicate keys)."""
+    """What AllenNLP raised as `allennlp.common.checks.ConfigurationError` (blank input lines, duplicate keys), and an
+    absent `cuda_device`."""
 
 
 def cache_dir() -> str:
@@ -315,13 +316,28 @@ class Elmo(nn.Module):
         return {"elmo_representations": representations, "mask": mask}
 
 
+def read_sentences(input_file) -> list[str]:
+    """`embed_file`'s input: the stripped lines of an open text file (closed after) or a path (UTF-8); a blank line
+    is a `ConfigurationError`, as in AllenNLP."""
+    if isinstance(input_file, (str, os.PathLike)):
+        with open(input_file, encoding="utf-8") as handle:
+            sentences = [line.strip() for line in handle]
+    else:
+        sentences = [line.strip() for line in input_file]
+        input_file.close()
+    blank = [i for i, sentence in enumerate(sentences) if sentence == ""]
+    if blank:
+        raise ConfigurationError(f"Your input file contains empty lines at indexes {blank}. Please remove them.")
+    return sentences
+
+
 def _device(cuda_device: int) -> torch.device:
     if cuda_device < 0:
         return torch.device("cpu")
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if cuda_device >= available:
-        raise ValueError(f"cuda_device {cuda_device}: this machine has {available} CUDA GPU(s) that torch can use; "
-                         "pass -1 for the CPU.")
+        raise ConfigurationError(f"cuda_device {cuda_device}: this machine has {available} CUDA GPU(s) that torch can "
+                                 "use; pass -1 for the CPU.")
     return torch.device("cuda", cuda_device)
 
 
@@ -385,19 +401,11 @@ class ElmoEmbedder:
         import h5py
         from tqdm.auto import tqdm
 
-        from .safe_output import atomic_output_file
+        from .safe_output import ALLENNLP_LAYOUT_MARK, atomic_output_file
 
         if output_format not in ("all", "top", "average"):
             raise ConfigurationError(f"output_format must be 'all', 'top' or 'average', got {output_format!r}.")
-        if isinstance(input_file, (str, os.PathLike)):
-            with open(input_file, encoding="utf-8") as handle:
-                sentences = [line.strip() for line in handle]
-        else:
-            sentences = [line.strip() for line in input_file]
-            input_file.close()
-        blank = [i for i, sentence in enumerate(sentences) if sentence == ""]
-        if blank:
-            raise ConfigurationError(f"Your input file contains empty lines at indexes {blank}. Please remove them.")
+        sentences = read_sentences(input_file)
         embedded = self.embed_sentences([sentence.split() for sentence in sentences], batch_size)
         if use_sentence_keys:
             logger.warning("Using sentences as keys can fail if sentences contain forward slashes or colons. Use "
@@ -421,6 +429,7 @@ class ElmoEmbedder:
             if not forget_sentences and not use_sentence_keys:
                 index = out.create_dataset("sentence_to_index", (1,), dtype=h5py.special_dtype(vlen=str))
                 index[0] = json.dumps(sentence_to_index)
+            out.attrs["written_by"] = ALLENNLP_LAYOUT_MARK  # lets --overwrite replace it; no dataset of the layout
 
 
 __all__ = ["DEFAULT_OPTIONS_FILE", "DEFAULT_WEIGHT_FILE", "ConfigurationError", "Elmo", "ElmoEmbedder", "ScalarMix",

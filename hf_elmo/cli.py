@@ -4,6 +4,7 @@
     hf-elmo embed sentences.txt vectors.hdf5 --model elmo
     hf-elmo publish elmo --repo-id you/elmo --dry-run
     hf-elmo pretrain --help
+    hf-elmo allennlp-elmo sentences.txt vectors.hdf5 --all   # AllenNLP 0.9's `allennlp elmo`, its file layout
 
 Run `hf-elmo COMMAND --help` for the options of each command.
 """
@@ -51,6 +52,19 @@ work without hf_elmo installed, bilm_tf_source.json and other code/json/png file
 card (README.md) generated from the folder's metadata (for a fine-tuned head: its labels, the metrics of its
 run from metrics.json and the embedded layer_weights.png). Training state, other weight formats and
 sub-folders are left out (listed with --dry-run). Log in first with `hf auth login` or set HF_TOKEN.
+"""
+
+ALLENNLP_ELMO_DESCRIPTION = """\
+AllenNLP 0.9's `allennlp elmo` command, on hf_elmo: the same arguments, the same HDF5 layout, the same numbers.
+
+One dataset per input line (one tokenised sentence per line, split on whitespace), named by its 0-based line
+index (or by the sentence, --use-sentence-keys), holding (3, words, H) with --all, (words, H) with --top or
+--average; and a "sentence_to_index" dataset with the JSON map of each sentence to its key (unless
+--forget-sentences or --use-sentence-keys). A blank line is an error. As in AllenNLP the biLM is stateful: each
+batch row starts from the LSTM state the same row ended the previous batch with (hf-elmo embed is stateless).
+Weights: a bilm-tf options/weight pair (paths or URLs, converted once into $HF_ELMO_CACHE/allennlp, default
+~/.cache/hf_elmo/allennlp), or a converted folder or Hub id as --options-file with --weight-file none. Unlike
+AllenNLP, the output appears only when complete and an existing one is replaced only with --overwrite.
 """
 
 PRETRAIN_HELP = "pretrain an ELMo biLM with Accelerate (options: hf-elmo pretrain --help)"
@@ -173,6 +187,36 @@ def build_parser() -> argparse.ArgumentParser:
     publish.set_defaults(run=_run_publish)
 
     # Its options belong to hf_elmo.pretraining: everything after the word is passed on untouched.
+    allennlp = commands.add_parser(
+        "allennlp-elmo", help="AllenNLP 0.9's `allennlp elmo`: its arguments and HDF5 layout",
+        description=ALLENNLP_ELMO_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    allennlp.add_argument("input_file", help="the path to the input file (UTF-8, one tokenised sentence per line).")
+    allennlp.add_argument("output_file", help="the path to the output file.")
+    which = allennlp.add_mutually_exclusive_group(required=True)
+    for choice, text in zip(LAYER_CHOICES, ("output all three ELMo vectors.", "output the top ELMo vector.",
+                                            "output the average of the ELMo vectors.")):
+        which.add_argument(f"--{choice}", dest="layers", action="store_const", const=choice, help=text)
+    allennlp.add_argument("--options-file", default=None,
+                          help="the ELMo options file, a path or URL (default: AllenNLP's, the original model's); or "
+                          "a converted folder or Hub id, with --weight-file none.")
+    allennlp.add_argument("--weight-file", default=None,
+                          help="the ELMo weight file, a path or URL (default: AllenNLP's, the original model's); "
+                          "'none' when --options-file names a converted folder or Hub id.")
+    allennlp.add_argument("--batch-size", type=_positive, default=64, help="the batch size to use (default: 64).")
+    allennlp.add_argument("--cuda-device", type=int, default=-1, help="the CUDA device to run on (default: -1, CPU).")
+    allennlp.add_argument("--forget-sentences", action="store_true",
+                          help="leave out the sentence_to_index dataset that maps sentences to their keys.")
+    allennlp.add_argument("--use-sentence-keys", action="store_true",
+                          help="use each sentence itself as its key instead of its line index.")
+    allennlp.add_argument("--vocab-path", help="accepted for AllenNLP's command lines; unused (as there).")
+    allennlp.add_argument("--file-friendly-logging", action="store_true",
+                          help="accepted for AllenNLP's command lines; progress goes through tqdm either way.")
+    allennlp.add_argument("--overwrite", action="store_true",
+                          help="replace OUTPUT if it was written by this command or hf-elmo embed (never the input).")
+    add_threads_argument(allennlp)
+    allennlp.set_defaults(run=_run_allennlp_elmo)
+
     commands.add_parser("pretrain", help=PRETRAIN_HELP, add_help=False, prefix_chars="\0")
     return parser
 
@@ -220,6 +264,27 @@ def _run_embed(args) -> int:
     logger.info("Wrote %s: %d lines (%d without words, %d split), %d words, layers=%s, %s", summary.output_path,
                 summary.num_lines, summary.empty_lines, summary.split_lines, summary.num_words, args.layers,
                 "float16" if args.float16 else "float32")
+    return 0
+
+
+def _run_allennlp_elmo(args) -> int:
+    from . import allennlp
+    from .embed import EmbedInputError, check_input
+    from .safe_output import check_replaceable_file
+
+    check_input(args.input_file)
+    check_replaceable_file(os.path.abspath(args.output_file), args.overwrite, inputs=[args.input_file])
+    weight_file = args.weight_file or allennlp.DEFAULT_WEIGHT_FILE
+    try:
+        allennlp.read_sentences(args.input_file)  # a blank line is reported before the model is loaded
+        embedder = allennlp.ElmoEmbedder(args.options_file or allennlp.DEFAULT_OPTIONS_FILE,
+                                         None if weight_file == "none" else weight_file, args.cuda_device)
+        embedder.embed_file(args.input_file, args.output_file, output_format=args.layers,
+                            batch_size=args.batch_size, forget_sentences=args.forget_sentences,
+                            use_sentence_keys=args.use_sentence_keys)
+    except (allennlp.ConfigurationError, FileNotFoundError) as error:
+        raise EmbedInputError(str(error)) from None
+    logger.info("Wrote %s", args.output_file)
     return 0
 
 
@@ -347,6 +412,8 @@ def _what(args) -> str:
         return f"publishing to {args.repo_id}"
     if args.command == "pretrain":
         return "pretraining"
+    if args.command == "allennlp-elmo":
+        return f"fetching the model {args.options_file}"
     return f"fetching the model {args.to_bilm_tf}" if getattr(args, "to_bilm_tf", None) else "converting"
 
 

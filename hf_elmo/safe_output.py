@@ -362,6 +362,10 @@ def check_replaceable_file(output_path: str, overwrite: bool, inputs=()) -> None
         )
 
 
+# The root attribute of the files `hf-elmo allennlp-elmo` writes in AllenNLP's layout (which has none of its own).
+ALLENNLP_LAYOUT_MARK = "hf-elmo allennlp-elmo"
+
+
 def _is_our_hdf5(path: str) -> bool:
     import h5py
 
@@ -369,7 +373,8 @@ def _is_our_hdf5(path: str) -> bool:
         if not h5py.is_hdf5(path):
             return False
         with h5py.File(path, "r") as f:
-            return "format_version" in f.attrs and "layers" in f.attrs and "num_lines" in f.attrs
+            return ("format_version" in f.attrs and "layers" in f.attrs and "num_lines" in f.attrs
+                    or f.attrs.get("written_by") == ALLENNLP_LAYOUT_MARK)
     except OSError:
         return False
 

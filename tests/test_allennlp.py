@@ -250,3 +250,44 @@ def test_embed_file_writes_allennlps_layout(files, tmp_path):
         embedder.embed_file(str(tmp_path / "in.txt"), str(tmp_path / "x.hdf5"), output_format="bottom")
     # Nothing is left of the runs that failed (the file appears only when complete).
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith((".dup", "dup", "blank.hdf5", "x.hdf5"))]
+
+
+# ------------------------------------------------------------------------------------------------ the command
+def test_the_allennlp_elmo_command(files, tmp_path, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    from hf_elmo.cli import main
+
+    (tmp_path / "in.txt").write_text("The bank raised rates .\nWe sat by the river\n", encoding="utf-8")
+    out = tmp_path / "out.hdf5"
+    assert main(["allennlp-elmo", str(tmp_path / "in.txt"), str(out), "--top", "--options-file", files[0],
+                 "--weight-file", files[1], "--batch-size", "1"]) == 0
+    expected = ElmoEmbedder(*files).embed_batch([["The", "bank", "raised", "rates", "."], ["We", "sat", "by", "the",
+                                                                                          "river"]])
+    with h5py.File(out, "r") as f:
+        assert sorted(f.keys()) == ["0", "1", "sentence_to_index"] and f["0"].shape == (5, 32)
+        # Batches of one sentence, stateful: sentence 1 starts from sentence 0's final state (in the 2-row batch
+        # above both started from zeros), so only sentence 0's vectors agree.
+        assert np.allclose(f["0"][...], expected[0][-1], atol=TOLERANCE)
+        assert not np.allclose(f["1"][...], expected[1][-1], atol=1e-3)
+    capsys.readouterr()
+    assert main(["allennlp-elmo", str(tmp_path / "in.txt"), str(out), "--all", "--options-file", files[0],
+                 "--weight-file", files[1]]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {out} already exists; pass overwrite=True (--overwrite) to replace it.")
+    assert main(["allennlp-elmo", str(tmp_path / "in.txt"), str(out), "--all", "--options-file", files[0],
+                 "--weight-file", files[1], "--overwrite"]) == 0
+    with h5py.File(out, "r") as f:
+        assert f["0"].shape == (3, 5, 32) and np.allclose(f["1"][...], expected[1], atol=TOLERANCE)
+    (tmp_path / "blank.txt").write_text("a\n\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["allennlp-elmo", str(tmp_path / "blank.txt"), str(tmp_path / "b.hdf5"), "--all",
+                 "--options-file", files[0], "--weight-file", files[1]]) == 1
+    assert capsys.readouterr().err == "error: Your input file contains empty lines at indexes [1]. Please remove them.\n"
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert main(["allennlp-elmo", str(tmp_path / "in.txt"), str(tmp_path / "c.hdf5"), "--all"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {DEFAULT_OPTIONS_FILE}: not downloaded")
+    assert main(["allennlp-elmo", str(tmp_path / "in.txt"), str(tmp_path / "c.hdf5"), "--all", "--options-file",
+                 files[0], "--weight-file", files[1], "--cuda-device", "9"]) == 1
+    assert "error: cuda_device 9: this machine has" in capsys.readouterr().err
+    assert not [p.name for p in tmp_path.iterdir() if p.name in ("b.hdf5", "c.hdf5") or p.name.startswith(".")]
