@@ -291,3 +291,25 @@ def test_the_allennlp_elmo_command(files, tmp_path, capsys, monkeypatch):
                  files[0], "--weight-file", files[1], "--cuda-device", "9"]) == 1
     assert "error: cuda_device 9: this machine has" in capsys.readouterr().err
     assert not [p.name for p in tmp_path.iterdir() if p.name in ("b.hdf5", "c.hdf5") or p.name.startswith(".")]
+
+
+# ------------------------------------------------------------------------------------------------ an AllenNLP script
+def test_an_allennlp_script_with_only_its_imports_changed_gives_allennlps_numbers(files, allennlp, monkeypatch, capsys):
+    import runpy
+
+    allennlp_elmo, peer = allennlp
+    monkeypatch.setattr(sys, "argv", ["allennlp_script.py", *files])
+    script = runpy.run_path(str(REPO_ROOT / "examples" / "allennlp_script.py"))
+    printed = capsys.readouterr().out
+    assert "elmo_representations: [(2, 7, 32), (2, 7, 32)] mask: (2, 7)" in printed
+    assert "embed_sentence: (3, 4, 32)" in printed
+    # The same statements on AllenNLP 0.9's own modules (its char ids from its ELMoCharacterMapper).
+    theirs = allennlp_elmo.Elmo(*files, num_output_representations=2, dropout=0.0)
+    expected = theirs(peer.char_ids(script["sentences"]))
+    assert torch.equal(script["mask"], expected["mask"])
+    for ours, reference in zip(script["representations"], expected["elmo_representations"]):
+        assert float((ours - reference).abs().max()) <= TOLERANCE
+    sentence = ["Deep", "contextualized", "word", "representations"]
+    activations = allennlp_elmo._ElmoBiLm(*files)(peer.char_ids([sentence]))["activations"]
+    reference = np.stack([layer[0, 1 : len(sentence) + 1].detach().numpy() for layer in activations])
+    assert float(np.abs(script["layers"] - reference).max()) <= TOLERANCE
