@@ -257,3 +257,15 @@ def test_the_bilm_tf_peer_trains_the_same_biLM_with_bilm_tfs_recipe(tmp_path):
         "n_train_tokens": 120 * 64 * 20, "batch_size": 64, "n_tokens_vocab": 17519, "unroll_steps": 20,
         "n_negative_samples_batch": 8192,
     }
+
+
+def test_the_allennlp_drop_in_benchmark_writes_the_same_file_as_allennlp(tmp_path):
+    # Tiny random weights, 8 real sentences: both sides' files hold the same keys, index and numbers.
+    command = [sys.executable, str(BENCHMARKS / "bench_allennlp_dropin.py"), "--config", "tiny", "--n-sentences", "8",
+               "--batch-size", "4", "--rounds", "2", "--cache-dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["n_sentences"] == 8 and line["max_abs_diff_vs_allennlp"] < 1e-5
+    assert len(line["tokens_per_s"]["hf_elmo"]) == len(line["ratio_per_round"]) == 2 and line["ratio_of_medians"] > 0
