@@ -195,6 +195,10 @@ def test_embedder_gives_allennlps_arrays_and_bilm_tf_numbers(files, elmo_fixture
     batches = fixture_batches(elmo_fixture)
     top = lambda words: [v[2] for v in embedder.embed_batch(words)]  # noqa: E731
     assert max(worst_against_fixture(top, batches)) <= TOLERANCE
+    stateless = ElmoEmbedder(*files, stateful=False)
+    top = lambda words: [v[2] for v in stateless.embed_batch(words)]  # noqa: E731
+    diffs = worst_against_fixture(top, batches)
+    assert diffs[0] <= TOLERANCE and min(diffs[1:]) > 0.1  # zero states: bilm-tf's first batch only
     vectors = embedder.embed_sentence(["The", "bank"])
     assert isinstance(vectors, np.ndarray) and vectors.shape == (3, 2, 32)
     assert embedder.embed_sentence([]).shape == (3, 0, 32)
