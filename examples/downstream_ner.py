@@ -39,6 +39,7 @@ import time
 
 # The 5.2M-parameter biLM a 2-core CPU pretrains in about 45 minutes (plain data: no torch at import).
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG
+from hf_elmo.threads import threads_argument
 
 # (name, which biLM, mix_layer_norm); "pretrained+int8": the pretrained biLM's features computed with int8 weights
 # on the CPU (`int8_weights=True`), only when asked for.
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                       default=list(DEFAULT_VARIANTS),
                       help="which heads to train (default: %(default)s). pretrained+int8 trains on the pretrained "
                       "biLM's layers computed with int8 weights on the CPU, to measure what int8 costs a task.")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice).")
+    parser.add_argument("--threads", type=threads_argument, default=None,
+                        help="torch threads (default: torch's choice).")
     return parser
 
 

@@ -32,7 +32,7 @@ from hf_elmo.safe_output import (
     no_room_reported,
     write_json_atomic,
 )
-from hf_elmo.threads import THREADS_HELP, set_threads
+from hf_elmo.threads import THREADS_HELP, set_threads, threads_error
 
 
 logger = logging.getLogger(__name__)
@@ -169,10 +169,12 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
         parser.error("give the data: --train_file (and --validation_file, --test_file), or --dataset_name")
     if data.dataset_name and (data.train_file or data.validation_file or data.test_file):
         parser.error("--dataset_name and --train_file / --validation_file / --test_file are exclusive")
-    for name in ("max_train_samples", "max_eval_samples", "max_predict_samples", "threads"):
-        value = getattr(training if name == "threads" else data, name)
+    for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
+        value = getattr(data, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
+    if threads_error(training.threads):
+        parser.error(threads_error(training.threads))
     if training.push_to_hub:
         from huggingface_hub import constants, get_token
 

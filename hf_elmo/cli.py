@@ -16,7 +16,7 @@ import shutil
 import signal
 import sys
 
-from .threads import THREADS_HELP, set_threads
+from .threads import THREADS_HELP, set_threads, threads_argument
 
 
 logger = logging.getLogger("hf_elmo.cli")
@@ -91,7 +91,7 @@ def add_convert_arguments(parser) -> None:
 
 
 def add_threads_argument(parser) -> None:
-    parser.add_argument("--threads", type=_positive, default=None, metavar="N", help=THREADS_HELP)
+    parser.add_argument("--threads", type=threads_argument, default=None, metavar="N", help=THREADS_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,7 +186,6 @@ def build_parser() -> argparse.ArgumentParser:
                          help="publish this model card instead of generating one from the folder's metadata.")
     publish.set_defaults(run=_run_publish)
 
-    # Its options belong to hf_elmo.pretraining: everything after the word is passed on untouched.
     allennlp = commands.add_parser(
         "allennlp-elmo", help="AllenNLP 0.9's `allennlp elmo`: its arguments and HDF5 layout",
         description=ALLENNLP_ELMO_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -217,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_threads_argument(allennlp)
     allennlp.set_defaults(run=_run_allennlp_elmo)
 
+    # Its options belong to hf_elmo.pretraining: everything after the word is passed on untouched.
     commands.add_parser("pretrain", help=PRETRAIN_HELP, add_help=False, prefix_chars="\0")
     return parser
 

@@ -28,7 +28,7 @@ import argparse
 import math
 
 from .elmo_presets import ELMO_PRESETS
-from .threads import THREADS_HELP
+from .threads import THREADS_HELP, threads_argument
 
 
 DEFAULT_LEARNING_RATES = {"adagrad": 0.2, "adamw": 1e-3}
@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "smaller and a new model learns several times slower. The gradient norm is clipped and "
                        "logged after scaling; the logged loss and perplexity are the true means. Set 1 for AdamW, "
                        "which is indifferent to it (default: %(default)s).")
-    train.add_argument("--threads", type=int, default=None, metavar="N",
+    train.add_argument("--threads", type=threads_argument, default=None, metavar="N",
                        help=THREADS_HELP.replace("this process", "each training process"))
     train.add_argument("--max-grad-norm", type=float, default=10.0,
                        help="clip the global gradient norm to this (default: %(default)s, as bilm-tf; 0 = off).")
@@ -179,8 +179,6 @@ def check_args(args, parser) -> None:
                  "min_count"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.threads is not None and args.threads < 1:
-        parser.error(f"--threads must be >= 1, got {args.threads}")
     if args.vocab and args.build_vocab:
         parser.error("--vocab and --build-vocab are exclusive: use a vocabulary file, or build one")
     if (args.num_softmax_samples < 0 or args.warmup_steps < 0 or args.max_grad_norm < 0 or args.num_workers < 0

@@ -4,6 +4,9 @@ Its own module (no torch at import) so that the command line, pretraining's opti
 without importing each other.
 """
 
+import argparse
+import os
+
 THREADS_HELP = ("torch CPU threads of this process (default: torch's choice, one per core). On a machine that is "
                 "busy with other work, or with several processes of a run, fewer than the cores is often faster: "
                 "threads that wait for a busy core hold up every step (README: Command line).")
@@ -15,3 +18,31 @@ def set_threads(threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+# Threads per logical CPU at most: more only wait for each other, and torch's thread pool crashes the process
+# (SIGSEGV) on counts far beyond the machine's (100000 on a 2-core machine).
+THREADS_PER_CPU = 4
+
+
+def threads_error(threads: int | None) -> str | None:
+    """Why `threads` cannot be a thread count here (one line), or None."""
+    if threads is None:
+        return None
+    most = THREADS_PER_CPU * (os.cpu_count() or 1)
+    if not 1 <= threads <= most:
+        return (f"--threads must be between 1 and {most} ({THREADS_PER_CPU} per CPU of this machine; more only wait "
+                f"for each other), got {threads}")
+    return None
+
+
+def threads_argument(text: str) -> int:
+    """`--threads`' argparse type: a count `threads_error` accepts (else a usage error, exit 2)."""
+    try:
+        threads = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of threads, got {text!r}") from None
+    error = threads_error(threads)
+    if error:
+        raise argparse.ArgumentTypeError(error.replace("--threads must be", "must be"))
+    return threads

@@ -131,7 +131,8 @@ def test_elmo_arguments_requires_grad_dropout_and_the_cached_vocabulary(files):
     frozen = Elmo(*files, 1, stateful=False)
     assert not any(p.requires_grad for p in frozen._elmo_lstm.parameters())
     mix = dict(frozen.named_parameters())
-    assert {"scalar_mix_0.gamma", "scalar_mix_0.scalar_parameters.0"} <= set(mix) and mix["scalar_mix_0.gamma"].requires_grad
+    assert {"scalar_mix_0.gamma", "scalar_mix_0.scalar_parameters.0"} <= set(mix)
+    assert mix["scalar_mix_0.gamma"].requires_grad
     trainable = Elmo(*files, 1, requires_grad=True, stateful=False, dropout=0.0)
     trainable(ids)["elmo_representations"][0].sum().backward()
     assert all(p.grad is not None for p in trainable._elmo_lstm.parameters())
@@ -287,7 +288,8 @@ def test_the_allennlp_elmo_command(files, tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     assert main(["allennlp-elmo", str(tmp_path / "blank.txt"), str(tmp_path / "b.hdf5"), "--all",
                  "--options-file", files[0], "--weight-file", files[1]]) == 1
-    assert capsys.readouterr().err == "error: Your input file contains empty lines at indexes [1]. Please remove them.\n"
+    assert capsys.readouterr().err == ("error: Your input file contains empty lines at indexes [1]. Please remove "
+                                       "them.\n")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert main(["allennlp-elmo", str(tmp_path / "in.txt"), str(tmp_path / "c.hdf5"), "--all"]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {DEFAULT_OPTIONS_FILE}: not downloaded")

@@ -214,7 +214,8 @@ def test_a_resumed_captured_run_ends_bit_exactly_as_an_uninterrupted_one(english
     assert _pretrain(english_corpus, tmp_path / "split", "--max-steps", "4", "--save-steps", "2",
                      "--logging-steps", "2", "--mixed-precision", "bf16", "--resume") == 0
     assert f"Resumed from {tmp_path / 'split' / 'checkpoint-2'}: step 2" in caplog.text
-    whole, split = load_file(tmp_path / "whole" / "model.safetensors"), load_file(tmp_path / "split" / "model.safetensors")
+    whole = load_file(tmp_path / "whole" / "model.safetensors")
+    split = load_file(tmp_path / "split" / "model.safetensors")
     assert all(torch.equal(whole[k], split[k]) for k in whole)
     metrics = [json.loads(line) for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [2, 4] and all(math.isfinite(m["train/grad_norm"]) for m in metrics)

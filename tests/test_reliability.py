@@ -667,3 +667,26 @@ def test_a_full_disk_is_one_line_for_every_writer(elmo_fixture, converted_dir, t
     assert lines[0].endswith("(publish prepares the upload there: set TMPDIR to a folder with room)")
     # Nothing left behind: no output, no staging folder, no partial file.
     assert sorted(os.listdir(tmp_path)) == ["tmp"] and os.listdir(tmp_path / "tmp") == []
+
+
+# ------------------------------------------------------------------------------------------------ --threads
+@pytest.mark.parametrize("threads", ["100000", "99999999999", "0"])
+def test_a_thread_count_the_machine_cannot_run_is_a_usage_error_everywhere(threads, tmp_path, capsys):
+    # 100000 made torch's thread pool crash the process (SIGSEGV); 99999999999 gave a traceback.
+    most = 4 * (os.cpu_count() or 1)
+    expected = f"must be between 1 and {most} (4 per CPU of this machine; more only wait for each other), got {threads}"
+    for command in (["embed", "in.txt", "out.hdf5", "--model", "m"], ["convert", "--options", "o", "--weights", "w",
+                    "--output", "c"], ["allennlp-elmo", "in.txt", "out.hdf5", "--all"],
+                    ["pretrain", "--train-files", "x", "--config", "small", "--output-dir", "o", "--max-steps", "1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*command, "--threads", threads])
+        assert exit_info.value.code == 2 and expected in capsys.readouterr().err.splitlines()[-1], command
+    examples = pathlib.Path(__file__).resolve().parents[1] / "examples"
+    for script, arguments in (("run_token_classification.py", ["--train_file", "x", "--output_dir", str(tmp_path)]),
+                              ("run_sequence_classification.py", ["--train_file", "x", "--output_dir", str(tmp_path)]),
+                              ("downstream_ner.py", ["--output-dir", str(tmp_path / "d")])):
+        model = [] if script == "downstream_ner.py" else ["--model_name_or_path", "m"]
+        done = subprocess.run([sys.executable, str(examples / script), *model, *arguments, "--threads", threads],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and expected in done.stderr.splitlines()[-1], (script, done.stderr[-500:])
+    assert not any(tmp_path.iterdir())
