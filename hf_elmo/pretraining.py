@@ -26,6 +26,9 @@ from .pretraining_checkpoints import (
     CHECKPOINT_VERSION,
     RNG_STATE_FILE,
     CheckpointError,
+    OutputDirInUse,
+    OutputDirLock,
+    check_inputs_outside,
     latest_checkpoint,
     load_optimizer,
     prepare_output_dir,
@@ -113,9 +116,12 @@ def run(args) -> int:
     wrapper turns the failures into one line. A run that fails before its first checkpoint leaves nothing behind.
     """
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    check_inputs_outside(args)  # before anything is written
     created = not os.path.lexists(args.output_dir)
     try:
         train(args)
+    except OutputDirInUse:
+        raise  # the folder is another run's: leave it as it is
     except OutputError as error:  # a write that failed (a full disk): say what --resume would take
         _remove_if_nothing_to_resume(args.output_dir, created)
         raise OutputError(f"{error} {resume_hint(args.output_dir)}") from None
@@ -300,8 +306,11 @@ def train(args) -> dict:
     """One run: set up (or resumed from its latest checkpoint), trained to `--max-steps`, saved. Returns the last
     held-out scores."""
     pretraining = PretrainingRun(args)
-    scores = pretraining.train()
-    pretraining.finish(scores)
+    try:
+        scores = pretraining.train()
+        pretraining.finish(scores)
+    finally:
+        pretraining.release_output_dir()
     return scores
 
 
@@ -314,12 +323,7 @@ class PretrainingRun:
 
     def __init__(self, args):
         from accelerate import Accelerator
-        from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
-
-        from .host_memory import keep_freed_blocks
-        from .pretraining_data import BatchEncoder, SentenceBatchStream, WordSplitter, resolve_shards
-        from .threads import set_threads
-        from .tokenization_elmo import ElmoTokenizer
+        from accelerate.utils import DistributedType, ProjectConfiguration
 
         self.args = args
         self.accelerator = accelerator = Accelerator(
@@ -343,7 +347,28 @@ class PretrainingRun:
                 "optimizer on every process (single process or data parallel, `accelerate launch --multi_gpu`); "
                 "sharded training (FSDP, DeepSpeed) is not supported."
             )
-        self.resume_from = prepare_output_dir(args, accelerator)
+        # The main process holds the output folder for the run's lifetime: a second run on it stops here, untouched.
+        self.output_lock = OutputDirLock(args.output_dir) if accelerator.is_main_process else None
+        try:
+            self._set_up(args, accelerator)
+        except BaseException:
+            self.release_output_dir()
+            raise
+
+    def release_output_dir(self) -> None:
+        if self.output_lock is not None:
+            self.output_lock.release()
+
+    def _set_up(self, args, accelerator) -> None:
+        from accelerate.utils import set_seed
+
+        from .host_memory import keep_freed_blocks
+        from .pretraining_data import BatchEncoder, SentenceBatchStream, WordSplitter, resolve_shards
+        from .threads import set_threads
+        from .tokenization_elmo import ElmoTokenizer
+
+        lock_existed = self.output_lock is not None and self.output_lock.existed
+        self.resume_from = prepare_output_dir(args, accelerator, lock_existed)
         set_seed(args.seed, device_specific=True)
         set_threads(args.threads)
         # On a CPU the step's large tensors then reuse memory instead of being faulted in at every step.

@@ -94,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = parser.add_argument_group("training")
     train.add_argument("--output-dir", required=True,
-                       help="where the final model, checkpoints, logs and vocab.txt go; must be new unless --resume.")
+                       help="where the final model, checkpoints, logs and vocab.txt go: a new or empty folder (one "
+                       "holding anything else is refused, untouched), or with --resume a folder of an earlier run. "
+                       "No input may lie inside it, and one run at a time may write it (a second one is refused).")
     train.add_argument("--resume", action="store_true",
                        help="continue from the latest checkpoint in OUTPUT_DIR (start afresh if there is none); the "
                        "other options must be the ones of the original run.")

@@ -5,6 +5,7 @@ all; one is never unpickled, since checkpoints travel between machines and peopl
 (`hf_elmo.pretraining`) decides when to save; this module decides what a checkpoint is.
 """
 
+import glob
 import hashlib
 import json
 import logging
@@ -54,15 +55,94 @@ def resume_hint(output_dir: str) -> str:
     return f"{checkpoint} is intact: --resume continues from it."
 
 
-def prepare_output_dir(args, accelerator) -> str | None:
-    """Returns the checkpoint to resume from, if any; refuses to train over an earlier run unless resuming."""
+# Held by the main process of a run for its lifetime (fcntl.flock), so that two runs never write one folder.
+LOCK_FILE = ".hf-elmo-pretrain.lock"
+# What a run writes before its training_args.json: a folder holding only these (and the lock) is a start of ours
+# that stopped early, and a new run may take it over.
+EARLY_FILES = {LOCK_FILE, "vocab.txt", "logs"}
+
+
+class OutputDirInUse(FileExistsError):
+    """Another run holds the output folder's lock."""
+
+
+class OutputDirLock:
+    """The exclusive lock of `output_dir` (created if missing), or `OutputDirInUse`; `existed` says whether an
+    earlier run of ours left the lock file (a killed one: `release` removes it). `release()` (or the process's end)
+    frees it. Where the platform has no fcntl, nothing is locked."""
+
+    def __init__(self, output_dir: str):
+        self.handle = None
+        path = os.path.join(output_dir, LOCK_FILE)
+        self.existed = os.path.exists(path)
+        try:
+            import fcntl
+        except ImportError:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        handle = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "its process id unknown"
+            handle.close()
+            raise OutputDirInUse(
+                f"{output_dir} is being written by another hf-elmo pretrain run ({holder}); nothing was touched. "
+                "Wait for that run to end, or choose another --output-dir."
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        self.handle = handle
+
+    def release(self) -> None:
+        """Remove the lock file and free the lock: a finished folder holds no file of the run's bookkeeping. (A run
+        that tries the lock meanwhile never waits on the old file: it is refused at once.)"""
+        if self.handle is not None:
+            try:
+                os.remove(self.handle.name)
+            except FileNotFoundError:  # the folder of a run that failed early was removed with it
+                pass
+            self.handle.close()
+            self.handle = None
+
+
+def check_inputs_outside(args) -> None:
+    """No output path may be an input: every input file or folder stays outside --output-dir (which is not the
+    current folder either). Called before anything is written."""
+    from .safe_output import check_not_an_input
+
+    inputs = [path for pattern in args.train_files for path in (glob.glob(pattern) or [pattern])]
+    inputs += [p for p in (args.eval_file, args.vocab, args.init_from) if p]
+    check_not_an_input(os.path.abspath(args.output_dir), [os.path.abspath(p) for p in inputs])
+
+
+def prepare_output_dir(args, accelerator, lock_existed: bool = False) -> str | None:
+    """
+    Returns the checkpoint to resume from, if any. A new run takes a new or empty folder, or one where a start of
+    ours stopped before its first checkpoint (`EARLY_FILES`); --resume takes a folder holding a run of ours. A
+    folder holding anything else is refused, untouched.
+    """
     checkpoint = latest_checkpoint(args.output_dir)
-    earlier = [name for name in ("training_args.json", "config.json") if os.path.exists(os.path.join(args.output_dir, name))]
+    names = sorted(set(os.listdir(args.output_dir)) - {LOCK_FILE}) if os.path.isdir(args.output_dir) else []
+    earlier = [name for name in ("training_args.json", "config.json") if name in names]
+    ours = bool(checkpoint or earlier or lock_existed)
+    if names and not ours:
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        raise FileExistsError(
+            f"{args.output_dir} is not empty and holds no hf-elmo pretrain run ({shown}); nothing was touched. "
+            "Choose a new or empty --output-dir."
+        )
     if (checkpoint or earlier) and not args.resume:
         raise FileExistsError(
             f"{args.output_dir} already holds a run ({os.path.basename(checkpoint or earlier[0])}); pass --resume to "
             "continue it, or choose another --output-dir."
         )
+    if names and not (checkpoint or earlier):
+        logger.info("%s holds what a run that stopped before its first checkpoint wrote (%s); starting over",
+                    args.output_dir, ", ".join(names))
     if args.resume and checkpoint is None:
         logger.warning("--resume: no checkpoint in %s yet, starting from step 0", args.output_dir)
     if accelerator.is_main_process:

@@ -982,3 +982,52 @@ def test_cpu_batches_are_padded_to_their_longest_sentence_and_compiled_ones_to_a
     assert padding_multiple(config, torch.device("cuda")) == COMPILED_LENGTH_BUCKET == 8
     config.elmo_implementation = "cuda"  # the compiled implementation, wherever it runs
     assert padding_multiple(config, torch.device("cpu")) == 8
+
+
+# ------------------------------------------------------------------------------------------------ output folders
+def test_pretrain_writes_only_into_folders_of_its_own(corpus, tmp_path, capsys):
+    from hf_elmo.pretraining_checkpoints import LOCK_FILE, OutputDirLock
+
+    def run(output, *extra) -> tuple[int, str]:
+        code = pretrain_main(common_args(corpus, output, "--build-vocab", "--max-steps", "1", "--batch-size", "4",
+                                         "--num-workers", "0", "--report-to", "none", *extra))
+        return code, error_lines(capsys)[-1] if code else ""
+
+    def snapshot(folder) -> dict:
+        return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+    # A folder of the user's: refused with or without --resume, every file as it was.
+    users = tmp_path / "users"
+    users.mkdir()
+    for name, text in (("vocab.txt", "mine\n"), ("modeling_elmo.py", "# mine\n"), ("metrics.jsonl", "{}\n")):
+        (users / name).write_text(text)
+    before = snapshot(users)
+    for extra in ((), ("--resume",)):
+        code, message = run(users, *extra)
+        assert code == 1 and message == (f"{users} is not empty and holds no hf-elmo pretrain run (metrics.jsonl, "
+                                         "modeling_elmo.py, vocab.txt); nothing was touched. Choose a new or empty "
+                                         "--output-dir.")
+        assert snapshot(users) == before
+    # An input inside the output folder (here the corpus, which --build-vocab would overwrite as vocab.txt).
+    code = pretrain_main(["--train-files", str(users / "vocab.txt"), "--config", str(corpus / "tiny.json"),
+                          "--output-dir", str(users), "--build-vocab", "--max-steps", "1"])
+    assert code == 1 and error_lines(capsys)[-1].startswith(
+        f"{users}: is a folder holding the input {users / 'vocab.txt'}; writing there would destroy it.")
+    assert snapshot(users) == before
+    # A second run while another holds the folder: one line, and the folder (new to both) is left to its owner.
+    held = tmp_path / "held"
+    lock = OutputDirLock(str(held))
+    try:
+        code, message = run(held)
+        assert code == 1 and message == (f"{held} is being written by another hf-elmo pretrain run (pid "
+                                         f"{os.getpid()}); nothing was touched. Wait for that run to end, or choose "
+                                         "another --output-dir.")
+        assert sorted(p.name for p in held.iterdir()) == [LOCK_FILE]
+    finally:
+        lock.release()
+    # What a start of ours left when killed before its first checkpoint (its lock file, vocab.txt) is taken over.
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / LOCK_FILE).write_text("pid 1\n")
+    (killed / "vocab.txt").write_text("<S>\n</S>\n<UNK>\n")
+    assert run(killed)[0] == 0 and (killed / "model.safetensors").is_file() and not (killed / LOCK_FILE).exists()
