@@ -202,6 +202,35 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         raise CheckpointError(f"--resume: the checkpoint's random generator state is not usable ({error}).") from None
 
 
+# The fields of training_state.json that a resumed run reads as counts, and the least value each may hold.
+TRAINING_STATE_COUNTS = {
+    "progress.step": 0, "progress.tokens": 0, "num_processes": 1, "scheduler.last_epoch": 0,
+    "stream.groups_done": 0, **{f"stream.window_start.{k}": 0 for k in ("epoch", "shard", "offset", "line")},
+    **{f"stream.stats.{k}": 0 for k in ("sentences", "words", "empty_lines_skipped", "long_lines_split")},
+}
+
+
+def check_training_state(state: dict, state_file: str) -> None:
+    """Every count a resumed run reads is a whole number in range, and the names are strings: a hand-edited or
+    damaged file (a step of -3, 1e30 or "four") is one line naming the field, not a crash later."""
+    def field(path: str):
+        value = state
+        for key in path.split("."):
+            if not isinstance(value, dict) or key not in value:
+                raise CheckpointError(f"--resume: {state_file} has no {path}; the checkpoint is damaged.")
+            value = value[key]
+        return value
+
+    for path, least in TRAINING_STATE_COUNTS.items():
+        value = field(path)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise CheckpointError(f"--resume: {state_file}: {path} must be a whole number >= {least}, got "
+                                  f"{value!r}; the checkpoint is damaged (resume from an earlier one, or start afresh).")
+    for path in ("optimizer", "vocab_sha256"):
+        if not isinstance(field(path), str):
+            raise CheckpointError(f"--resume: {state_file}: {path} must be a string, got {field(path)!r}.")
+
+
 def read_checkpoint(checkpoint: str, args, model, vocab_digest: str) -> dict:
     """The checkpoint's training state, after checking that this run builds the same model; loads its weights."""
     from safetensors import SafetensorError
@@ -217,8 +246,9 @@ def read_checkpoint(checkpoint: str, args, model, vocab_digest: str) -> dict:
             "another --output-dir, or resume with the hf_elmo version that wrote it."
         )
     state = read_json(state_file)
-    if state.get("format") != CHECKPOINT_FORMAT or state.get("version") != CHECKPOINT_VERSION:
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or state.get("version") != CHECKPOINT_VERSION:
         raise CheckpointError(f"--resume: {state_file} is not a version {CHECKPOINT_VERSION} {CHECKPOINT_FORMAT}.")
+    check_training_state(state, state_file)
 
     def comparable(config) -> dict:
         items = json.loads(config.to_json_string(use_diff=False))

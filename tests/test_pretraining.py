@@ -1031,3 +1031,26 @@ def test_pretrain_writes_only_into_folders_of_its_own(corpus, tmp_path, capsys):
     (killed / LOCK_FILE).write_text("pid 1\n")
     (killed / "vocab.txt").write_text("<S>\n</S>\n<UNK>\n")
     assert run(killed)[0] == 0 and (killed / "model.safetensors").is_file() and not (killed / LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("step", -3, "progress.step must be a whole number >= 0, got -3"),
+    ("step", 1e30, "progress.step must be a whole number >= 0, got 1e+30"),
+    ("step", "four", "progress.step must be a whole number >= 0, got 'four'"),
+    ("tokens", None, "progress.tokens must be a whole number >= 0, got None"),
+])
+def test_a_damaged_training_state_is_one_line(trained, corpus, tmp_path, capsys, field, value, expected):
+    output = tmp_path / "run"
+    shutil.copytree(trained, output)
+    state_file = output / "checkpoint-30" / "training_state.json"
+    state = json.loads(state_file.read_text())
+    state["progress"][field] = value
+    state_file.write_text(json.dumps(state))
+    code = pretrain_main(common_args(
+        corpus, output, "--build-vocab", "--min-count", "2", "--num-softmax-samples", "512", "--batch-size", "16",
+        "--optimizer", "adamw", "--learning-rate", "2e-2", "--max-steps", "40", "--save-steps", "15",
+        "--report-to", "none", "--resume",
+    ))
+    assert code == 1
+    assert error_lines(capsys)[-1] == (f"--resume: {state_file}: {expected}; the checkpoint is damaged (resume from an "
+                                       "earlier one, or start afresh).")
