@@ -195,14 +195,29 @@ def check_args(args, parser) -> None:
         args.learning_rate = DEFAULT_LEARNING_RATES[args.optimizer]
     if args.training_step == "captured" and captured_step_unsupported(args):
         parser.error(f"--training-step captured does not support {captured_step_unsupported(args)}")
-    if args.report_to in ("auto", "tensorboard"):
-        from accelerate.utils import is_tensorboard_available
+    check_report_to(args, parser)
 
-        if args.report_to == "auto":
-            args.report_to = "tensorboard" if is_tensorboard_available() else "none"
-        elif not is_tensorboard_available():
-            parser.error("--report-to tensorboard needs the tensorboard package: pip install tensorboard "
-                         "(or hf-elmo[pretraining]); or pass --report-to none")
+
+def check_report_to(args, parser) -> None:
+    """--report-to names one of Accelerate's trackers whose package is installed (asked through Accelerate's own
+    `is_<name>_available`), "all" or "none"; "auto" becomes tensorboard where installed. Else a usage error, before
+    anything is written."""
+    import accelerate.tracking
+    import accelerate.utils
+
+    def available(name: str) -> bool:
+        return getattr(accelerate.utils, f"is_{name}_available")()
+
+    trackers = sorted(accelerate.tracking.LOGGER_TYPE_TO_CLASS)
+    if args.report_to == "auto":
+        args.report_to = "tensorboard" if available("tensorboard") else "none"
+    elif args.report_to not in (*trackers, "all", "none"):
+        parser.error(f"--report-to {args.report_to!r} is not a tracker Accelerate knows: choose one of "
+                     f"{', '.join(trackers)}, all, none (or auto)")
+    elif args.report_to in trackers and not available(args.report_to):
+        extra = " (or hf-elmo[pretraining])" if args.report_to == "tensorboard" else ""
+        parser.error(f"--report-to {args.report_to} needs the {args.report_to} package: pip install "
+                     f"{args.report_to}{extra}; or pass --report-to none")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

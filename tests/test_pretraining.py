@@ -436,7 +436,7 @@ def test_training_on_english_lowers_heldout_perplexity(trained, corpus, caplog):
     assert not [name for name in os.listdir(trained) if name.endswith(".partial")]
 
 
-def test_report_to_defaults_to_what_is_installed(monkeypatch):
+def test_report_to_defaults_to_what_is_installed(monkeypatch, capsys):
     import accelerate.utils
 
     from hf_elmo.pretraining_args import build_parser, check_args
@@ -449,6 +449,14 @@ def test_report_to_defaults_to_what_is_installed(monkeypatch):
         assert args.report_to == "auto"
         check_args(args, parser)
         assert args.report_to == expected
+    # A tracker Accelerate does not know, or one whose package is missing: a usage error (it was a traceback).
+    monkeypatch.setattr(accelerate.utils, "is_wandb_available", lambda: False)
+    for tracker, message in (("bogus", "--report-to 'bogus' is not a tracker Accelerate knows: choose one of aim, "),
+                             ("wandb", "--report-to wandb needs the wandb package: pip install wandb; or pass "
+                                       "--report-to none")):
+        with pytest.raises(SystemExit) as exit_info:
+            pretrain_main([*required, "--report-to", tracker])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_export_to_bilm_tf_and_back_is_bit_exact(trained, tmp_path):
