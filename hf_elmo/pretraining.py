@@ -489,8 +489,16 @@ class PretrainingRun:
         """To the trackers, and one JSON line in OUTPUT_DIR/metrics.jsonl (readable without any tracker)."""
         self.accelerator.log(values, step=self.progress.step)
         if self.main_process:
-            with open(self.metrics_file, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps({"step": self.progress.step, **values}) + "\n")
+            from .safe_output import no_room_reported
+
+            kept = os.path.getsize(self.metrics_file) if os.path.exists(self.metrics_file) else 0
+
+            def drop_partial_line():  # the file keeps whole lines only
+                os.truncate(self.metrics_file, kept)
+
+            with no_room_reported(self.metrics_file, "the metrics logged before this step are kept", drop_partial_line):
+                with open(self.metrics_file, "a", encoding="utf-8") as handle:
+                    handle.write(json.dumps({"step": self.progress.step, **values}) + "\n")
 
     def evaluate(self) -> dict:
         scores = _evaluate(self.accelerator, self.model, self.eval_batches)

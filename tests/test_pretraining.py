@@ -1062,3 +1062,33 @@ def test_a_damaged_training_state_is_one_line(trained, corpus, tmp_path, capsys,
     assert code == 1
     assert error_lines(capsys)[-1] == (f"--resume: {state_file}: {expected}; the checkpoint is damaged (resume from an "
                                        "earlier one, or start afresh).")
+
+
+def test_a_full_disk_at_metrics_jsonl_is_the_full_disk_line_and_keeps_whole_lines(corpus, tmp_path, capsys,
+                                                                                  monkeypatch):
+    import builtins
+    import errno
+
+    from hf_elmo import pretraining
+
+    output = tmp_path / "run"
+    metrics = output / "metrics.jsonl"
+
+    def open_until_full(path, *args, **kwargs):
+        handle = builtins.open(path, *args, **kwargs)
+        if str(path) == str(metrics) and len(metrics.read_text().splitlines()) >= 2:
+            handle.write('{"step": 3, "train/lo')  # half a line reaches the disk, then it is full
+            handle.close()
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return handle
+
+    monkeypatch.setattr(pretraining, "open", open_until_full, raising=False)
+    code = pretrain_main(common_args(corpus, output, "--build-vocab", "--max-steps", "6", "--batch-size", "4",
+                                     "--num-workers", "0", "--report-to", "none", "--logging-steps", "1",
+                                     "--save-steps", "2"))
+    assert code == 1
+    message = error_lines(capsys)[-1]
+    assert message.startswith(f"cannot write {metrics}: the disk is full or a file-size limit was reached (")
+    assert "the metrics logged before this step are kept. Free some space, or write elsewhere." in message
+    assert message.endswith(f"{output / 'checkpoint-2'} is intact: --resume continues from it.")
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2]
