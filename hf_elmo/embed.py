@@ -126,6 +126,9 @@ def input_name(path: str) -> str:
 def check_input(path: str) -> None:
     """`open_input`'s errors, found without opening the input: a named pipe can be read only by one opening."""
     if path == STDIN:
+        if sys.stdin is None or sys.stdin.closed:  # started with standard input closed (`<&-`): Python sets None
+            raise EmbedInputError("-: standard input is closed; pipe the text in (... | hf-elmo embed - OUTPUT) or "
+                                  "give INPUT as a file.")
         return
     if os.path.isdir(path):
         raise EmbedInputError(f"{path}: is a directory, expected a text file (one sentence per line).")

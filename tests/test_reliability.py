@@ -632,6 +632,13 @@ def test_embed_reads_standard_input_for_a_dash(converted_dir, tmp_path):
     assert bad.returncode == 1
     assert bad.stderr.decode().strip().splitlines()[-1] == "error: <stdin>, line 2: not UTF-8 text (byte 0: b'\\xff\\n')."
     assert not os.path.exists(tmp_path / "bad.h5")
+    # Standard input closed (`<&-`): Python starts with sys.stdin None; one line before the model is loaded.
+    closed = subprocess.run([*base, "-", str(tmp_path / "closed.h5")], stdin=subprocess.DEVNULL, capture_output=True,
+                            text=True, env=env, cwd=tmp_path, preexec_fn=lambda: os.close(0))
+    assert closed.returncode == 1, closed.stderr
+    assert closed.stderr.strip().splitlines()[-1] == ("error: -: standard input is closed; pipe the text in (... | "
+                                                      "hf-elmo embed - OUTPUT) or give INPUT as a file.")
+    assert not os.path.exists(tmp_path / "closed.h5")
 
 
 WITH_FILE_SIZE_LIMIT = """
