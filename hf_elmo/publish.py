@@ -232,6 +232,10 @@ def publish(
     kept and the CommitInfo is None.
     """
     check_repo_id(repo_id)
+    if card_file is not None and not os.path.isfile(card_file):
+        # ModelCard.load would take any other path for a Hub repo id and complain about that.
+        what = "no such file" if not os.path.exists(card_file) else "not a regular file (a folder, a FIFO, a device)"
+        raise PublishError(f"--card {card_file}: {what}; give the path of a model card file (a README.md).")
     if not dry_run:
         # Checked before the (possibly long) preparation, so that the user hears at once.
         if constants.is_offline_mode():

@@ -697,3 +697,15 @@ def test_a_thread_count_the_machine_cannot_run_is_a_usage_error_everywhere(threa
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and expected in done.stderr.splitlines()[-1], (script, done.stderr[-500:])
     assert not any(tmp_path.iterdir())
+
+
+def test_publish_card_that_is_no_file_is_one_line_about_the_card(converted_dir, tmp_path, capsys):
+    # ModelCard.load took these for Hub repo ids, and the error spoke of repo ids.
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    for card, what in (("missing.md", "no such file"), ("fifo", "not a regular file (a folder, a FIFO, a device)"),
+                       ("folder", "not a regular file (a folder, a FIFO, a device)")):
+        path = str(tmp_path / card)
+        assert main(["publish", str(converted_dir), "--repo-id", "you/elmo", "--dry-run", "--card", path]) == 1
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"error: --card {path}: {what}; give the path of a model card file (a README.md).")
