@@ -110,6 +110,9 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 # they change how a word is written (Persian, Indic scripts, emoji sequences). Words given already split are kept.
 _SEPARATING_FORMAT = re.compile("\u200b")
 _DROPPED_FORMAT = re.compile("[\u00ad\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
+# ZWJ and ZWNJ with nothing to join (a word of them alone, e.g. a ZWNJ after a zero-width space) are no word either.
+_JOINERS = re.compile("[\u200c\u200d]")
+_JOINERS_ONLY = re.compile("[\u200c\u200d]+")
 
 
 def _build_word_splitter(style: str):
@@ -488,10 +491,10 @@ class ElmoTokenizer(PreTrainedTokenizer):
         if "\u200b" in safe:
             safe = _SEPARATING_FORMAT.sub(" ", safe)  # one character for one: the offsets stay those of `text`
         spans = [span for _, span in self._word_splitter.pre_tokenize_str(safe)]
-        if not _DROPPED_FORMAT.search(text):  # the common case, kept as fast as before
+        if not _DROPPED_FORMAT.search(text) and not _JOINERS.search(text):  # the common case, as fast as before
             return [text[start:end] for start, end in spans], spans
         words = [_DROPPED_FORMAT.sub("", text[start:end]) for start, end in spans]
-        kept = [i for i, word in enumerate(words) if word]
+        kept = [i for i, word in enumerate(words) if word and not _JOINERS_ONLY.fullmatch(word)]
         return [words[i] for i in kept], [spans[i] for i in kept]
 
     def tokenize(self, text: str, **kwargs) -> list[str]:

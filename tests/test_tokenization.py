@@ -445,7 +445,8 @@ def test_one_set_of_vocabulary_rules_for_tokenizer_and_converter(tmp_path):
 def test_invisible_format_characters_separate_or_vanish_in_raw_text(style):
     tokenizer = ElmoTokenizer(pre_tokenizer=style)
     # A zero-width space separates words; a byte-order mark, word joiner, soft hyphen or direction mark is dropped
-    # (and is no word by itself); ZWJ and ZWNJ stay inside their word. Offsets still point into the input.
+    # (and is no word by itself); ZWJ and ZWNJ stay inside their word, and alone are no word. Offsets still point
+    # into the input.
     cases = {
         "Hello\u200bworld": (["Hello", "world"], [(0, 5), (6, 11)]),
         "Hello \ufeff world": (["Hello", "world"], [(0, 5), (8, 13)]),
@@ -455,6 +456,9 @@ def test_invisible_format_characters_separate_or_vanish_in_raw_text(style):
         "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645": (["\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"], [(0, 8)]),
         "\U0001f469\u200d\U0001f4bb": (["\U0001f469\u200d\U0001f4bb"], [(0, 3)]),
         "\u0d28\u0d4d\u200d": (["\u0d28\u0d4d\u200d"], [(0, 3)]),
+        # A ZWNJ or ZWJ with nothing to join (after a zero-width space, or alone) is no word: it was an invisible one.
+        "Hello\u200b\u200c world": (["Hello", "world"], [(0, 5), (8, 13)]),
+        "x \u200d y": (["x", "y"], [(0, 1), (4, 5)]),
     }
     for text, (words, spans) in cases.items():
         assert tokenizer.tokenize(text) == words, (style, text)
