@@ -39,7 +39,7 @@ import time
 
 # The 5.2M-parameter biLM a 2-core CPU pretrains in about 45 minutes (plain data: no torch at import).
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG
-from hf_elmo.threads import threads_argument
+from hf_elmo.threads import keep_compiled_code_in_user_cache, threads_argument
 
 # (name, which biLM, mix_layer_norm); "pretrained+int8": the pretrained biLM's features computed with int8 weights
 # on the CPU (`int8_weights=True`), only when asked for.
@@ -190,6 +190,7 @@ def main(argv=None) -> int:
         parser.error(f"--pretrained {args.pretrained}: not a finished `hf-elmo pretrain` folder (no eval_results.json "
                      "in it).")
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    keep_compiled_code_in_user_cache()  # before torch and Transformers are imported
     import torch
     from transformers import AutoTokenizer
 

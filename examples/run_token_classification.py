@@ -30,6 +30,10 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
+from hf_elmo.threads import keep_compiled_code_in_user_cache
+
+keep_compiled_code_in_user_cache()  # first: Transformers' imports create torch's compile cache folder
+
 import numpy as np
 from transformers import (
     AutoModelForTokenClassification,

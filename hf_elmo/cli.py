@@ -16,7 +16,7 @@ import shutil
 import signal
 import sys
 
-from .threads import THREADS_HELP, set_threads, threads_argument
+from .threads import THREADS_HELP, keep_compiled_code_in_user_cache, set_threads, threads_argument
 
 
 logger = logging.getLogger("hf_elmo.cli")
@@ -418,6 +418,7 @@ def _what(args) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_compiled_code_in_user_cache()
     parser = build_parser()
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if args.command != "pretrain" and rest:

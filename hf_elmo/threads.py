@@ -1,7 +1,8 @@
-"""`--threads`: torch's CPU threads for a process, one option for every command that computes.
+"""The process settings of hf_elmo's entry points (the commands and the example scripts): `--threads`, torch's CPU
+threads, and where torch keeps compiled code.
 
 Its own module (no torch at import) so that the command line, pretraining's options and the examples share it
-without importing each other.
+without importing each other, and call it before torch is imported.
 """
 
 import argparse
@@ -46,3 +47,15 @@ def threads_argument(text: str) -> int:
     if error:
         raise argparse.ArgumentTypeError(error.replace("--threads must be", "must be"))
     return threads
+
+
+def keep_compiled_code_in_user_cache() -> None:
+    """
+    torch keeps compiled kernels in `$TMPDIR/torchinductor_$USER`, and creates that folder as soon as torch._dynamo is
+    imported (Transformers imports it), so every command left it behind in the temporary folder. An entry point calls
+    this before importing torch: the folder is `~/.cache/hf_elmo/torchinductor` instead (where the captured training
+    step's graphs also survive for the next run), unless TORCHINDUCTOR_CACHE_DIR says otherwise. Library code never
+    calls it: a user's own process keeps torch's choice.
+    """
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, "hf_elmo", "torchinductor"))

@@ -709,3 +709,21 @@ def test_publish_card_that_is_no_file_is_one_line_about_the_card(converted_dir, 
         assert main(["publish", str(converted_dir), "--repo-id", "you/elmo", "--dry-run", "--card", path]) == 1
         assert capsys.readouterr().err.strip().splitlines()[-1] == (
             f"error: --card {path}: {what}; give the path of a model card file (a README.md).")
+
+
+def test_commands_leave_nothing_in_the_temporary_folder(converted_dir, tmp_path):
+    # Transformers imports torch._dynamo, which created $TMPDIR/torchinductor_$USER in every command.
+    scratch, cache = tmp_path / "tmp", tmp_path / "cache"
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1", "TMPDIR": str(scratch),
+           "XDG_CACHE_HOME": str(cache)}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    examples = pathlib.Path(REPO_ROOT) / "examples"
+    for command in ([sys.executable, "-m", "hf_elmo.cli", "publish", str(converted_dir), "--repo-id", "you/elmo",
+                     "--dry-run"],
+                    [sys.executable, str(examples / "run_token_classification.py"), "--model_name_or_path",
+                     str(converted_dir), "--train_file", "missing.txt", "--output_dir", str(tmp_path / "out")]):
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+        assert done.returncode in (0, 1, 2), done.stderr[-2000:]
+        assert os.listdir(scratch) == [], (command, os.listdir(scratch))
+    assert (cache / "hf_elmo" / "torchinductor").is_dir()  # torch's compile cache, in the user's cache instead
