@@ -13,6 +13,7 @@ The data readers, metrics and the layer-weight plot they use are the package's (
 """
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -151,6 +152,33 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     """The script's docstring as written, and each option's default (as HfArgumentParser shows them)."""
 
 
+def options_from_json(path: str, parser) -> list[str]:
+    """
+    The command line that a .json options file stands for (`{"option": value, ...}`; a list gives several values,
+    null the default), so that it is checked and converted exactly as the command line is: a type that does not
+    fit, an unknown option or "false" for a flag (false, never true) mean what they mean there. HfArgumentParser's
+    own `parse_json_file` builds the arguments without converting them, which stored "false" as a string and
+    built a CRF head. A file that cannot be read or is not a JSON object is a usage error naming it.
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            options = json.load(handle)
+    except FileNotFoundError:
+        parser.error(f"{path}: no such options file")
+    except (OSError, UnicodeDecodeError) as error:
+        parser.error(f"{path}: cannot be read ({error})")
+    except json.JSONDecodeError as error:
+        parser.error(f"{path}: not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})")
+    if not isinstance(options, dict):
+        parser.error(f"{path}: expected a JSON object of options and values, got a JSON {type(options).__name__}")
+    text = lambda value: json.dumps(value) if isinstance(value, dict) else str(value)  # noqa: E731
+    argv = []
+    for key, value in options.items():
+        if value is not None:
+            argv += [f"--{key}", *(map(text, value) if isinstance(value, list) else [text(value)])]
+    return argv
+
+
 def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, description=None):
     """
     (model, data, training) arguments from the command line, or from one .json file of them, as in Transformers'
@@ -159,10 +187,14 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
     parser = HfArgumentParser((model_arguments, data_arguments, ElmoTrainingArguments), description=description,
                               formatter_class=HelpFormatter)
     argv = sys.argv[1:] if argv is None else list(argv)
-    if len(argv) == 1 and argv[0].endswith(".json"):
-        model, data, training = parser.parse_json_file(os.path.abspath(argv[0]))
-    else:
-        model, data, training = parser.parse_args_into_dataclasses(args=argv)
+    options_file = argv[0] if len(argv) == 1 and argv[0].endswith(".json") else None
+    if options_file:
+        argv = options_from_json(options_file, parser)
+    model, data, training, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown:
+        names = [item for item in unknown if item.startswith("-")] or unknown
+        parser.error(f"{options_file}: unknown options {', '.join(n.lstrip('-') for n in names)}" if options_file
+                     else f"unrecognized arguments: {' '.join(unknown)}")
     if not training.output_dir_given:
         parser.error("the following arguments are required: --output_dir")
     if not (data.train_file or data.validation_file or data.test_file or data.dataset_name):

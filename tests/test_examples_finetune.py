@@ -496,3 +496,37 @@ def test_token_example_on_a_full_disk_is_one_line(converted_dir, conll_text, tmp
     assert errors[0].endswith("; complete checkpoints are kept. Free some space, or write elsewhere.")
     # The folder this run created held no complete checkpoint: nothing is left.
     assert not (tmp_path / "out").exists()
+
+
+def test_options_files_and_unknown_options_are_checked_as_the_command_line_is(tmp_path, capsys):
+    import finetuning_cli
+
+    script = load_example("run_token_classification")
+    parse = lambda argv: finetuning_cli.parse_arguments(  # noqa: E731
+        script.TokenDataArguments, script.TokenModelArguments, argv=argv)
+    required = {"model_name_or_path": "m", "train_file": "t.txt", "output_dir": str(tmp_path / "o")}
+    # "false" for a flag is false (it built a CRF head and stored the string), a list gives several values.
+    (tmp_path / "ok.json").write_text(json.dumps({**required, "head_crf": "false", "label_list": ["O", "B-X"],
+                                                  "num_train_epochs": 4, "seed": None}))
+    model, data, training = parse([str(tmp_path / "ok.json")])
+    assert model.head_crf is False and data.label_list == ["O", "B-X"] and training.num_train_epochs == 4.0
+    cases = {
+        "unknown.json": (json.dumps({**required, "bogus": 3}), "unknown.json: unknown options bogus"),
+        "list.json": ("[1, 2]", "list.json: expected a JSON object of options and values, got a JSON list"),
+        "type.json": (json.dumps({**required, "num_train_epochs": "abc"}),
+                      "argument --num_train_epochs/--num-train-epochs: invalid float value: 'abc'"),
+        "broken.json": ("{bad", "broken.json: not valid JSON (line 1, column 2: Expecting property name enclosed in "
+                                "double quotes)"),
+    }
+    for name, (text, message) in cases.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(SystemExit) as exit_info:
+            parse([str(tmp_path / name)])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, name
+    for argv, message in (([str(tmp_path / "nope.json")], "nope.json: no such options file"),
+                          (["--model_name_or_path", "m", "--train_file", "t", "--output_dir", "o", "--bogus", "1"],
+                           "error: unrecognized arguments: --bogus 1")):
+        with pytest.raises(SystemExit) as exit_info:
+            parse(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == sorted([*cases, "ok.json"])  # nothing written
