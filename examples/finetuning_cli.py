@@ -141,6 +141,9 @@ class ElmoTrainingArguments(TrainingArguments):
         # What the command line said, before TrainingArguments fills in its own defaults.
         self.output_dir_given = self.output_dir is not None
         self.steps_given = self.do_train or self.do_eval or self.do_predict
+        # TrainingArguments turns do_eval on whenever eval_strategy is not "no" (ours is "epoch"): --do_predict
+        # alone then asked for validation data it did not need.
+        self.steps_asked = (self.do_train, self.do_eval, self.do_predict)
         super().__post_init__()
         import torch
 
@@ -221,7 +224,7 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
 def steps_to_run(training, splits) -> tuple[bool, bool, bool]:
     """--do_train / --do_eval / --do_predict; when none is given, every step the data has a split for."""
     if training.steps_given:
-        return training.do_train, training.do_eval, training.do_predict
+        return training.steps_asked
     return "train" in splits, "validation" in splits, "test" in splits
 
 

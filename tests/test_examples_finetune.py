@@ -530,3 +530,16 @@ def test_options_files_and_unknown_options_are_checked_as_the_command_line_is(tm
             parse(argv)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == sorted([*cases, "ok.json"])  # nothing written
+
+
+def test_do_predict_with_only_a_test_file_predicts(token_example, converted_dir, fixtures_root, tmp_path):
+    # TrainingArguments turns do_eval on with our per-epoch evaluation; this was refused for lack of validation data.
+    output = tmp_path / "predicted"
+    token_example.main([
+        "--model_name_or_path", str(converted_dir), "--test_file", str(fixtures_root / "data" / "conll2003.txt"),
+        "--do_predict", "--label_list", "O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC",
+        "--output_dir", str(output), "--report_to", "none",
+    ])
+    assert (output / "predictions.txt").read_text().count("\n") == 2  # the fixture's two sentences
+    assert (output / "predict_results.json").is_file() and not (output / "eval_results.json").exists()
+    assert not (output / "train_results.json").exists()
