@@ -404,6 +404,19 @@ class Task:
     summarise: object  # report -> the numbers the Trainer logs at each evaluation
     log_report: object  # (split, report) -> None
     prediction_lines: object  # (predictions, label_ids) -> lines of predictions.txt
+    needs: tuple = ()  # importable modules its scores need (checked before training, with the plot's matplotlib)
+
+
+def check_packages(modules) -> None:
+    """One line, before any training, naming the packages of the `examples` extra that this run needs and lacks
+    (it found seqeval missing only when it scored, after the whole training)."""
+    import importlib.util
+
+    missing = [module for module in ("matplotlib", *modules) if importlib.util.find_spec(module) is None]
+    if missing:
+        names = {"sklearn": "scikit-learn"}
+        raise DataFileError(f"this run needs {', '.join(names.get(m, m) for m in missing)}, not installed: pip "
+                            'install "hf-elmo[examples]"')
 
 
 def run_finetuning(model_args, data_args, training_args, model, tokenizer, task: Task, load_options: dict) -> dict:
@@ -415,6 +428,7 @@ def run_finetuning(model_args, data_args, training_args, model, tokenizer, task:
     as usual and the finished folder, without checkpoints, last. Returns metrics.json's content. `load_options`
     are the `from_pretrained` options of --model_name_or_path (model_source.resolve_model's).
     """
+    check_packages(task.needs)
     do_train, do_eval, do_predict = steps_to_run(training_args, task.features)
     for wanted, split, option in ((do_train, "train", "--train_file"), (do_eval, "validation", "--validation_file"),
                                   (do_predict, "test", "--test_file")):

@@ -161,7 +161,7 @@ def main(argv=None):
         return ["index\tprediction"] + [f"{i}\t{id2label[int(p)]}" for i, p in enumerate(predictions)]
 
     task = Task("text-classification", features, id2label, DataCollatorWithPadding(tokenizer), score, summarise,
-                log_report, prediction_lines)
+                log_report, prediction_lines, needs=("sklearn",))
     return run_finetuning(model_args, data_args, training_args, model, tokenizer, task, load_options)
 
 

@@ -543,3 +543,24 @@ def test_do_predict_with_only_a_test_file_predicts(token_example, converted_dir,
     assert (output / "predictions.txt").read_text().count("\n") == 2  # the fixture's two sentences
     assert (output / "predict_results.json").is_file() and not (output / "eval_results.json").exists()
     assert not (output / "train_results.json").exists()
+
+
+def test_a_missing_optional_package_is_found_before_training(token_example, converted_dir, fixtures_root, tmp_path,
+                                                              monkeypatch, capsys):
+    import importlib.util
+
+    from hf_elmo.cli import run_reporting_errors
+
+    # As without the examples extra: seqeval (and matplotlib) absent. It was found after the whole training.
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("seqeval", "matplotlib") else real(name, *a))
+    conll = str(fixtures_root / "data" / "conll2003.txt")
+    output = tmp_path / "out"
+    code = run_reporting_errors(lambda: token_example.main([
+        "--model_name_or_path", str(converted_dir), "--train_file", conll, "--validation_file", conll,
+        "--output_dir", str(output), "--report_to", "none"]), "fine-tuning")
+    assert code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        'error: this run needs matplotlib, seqeval, not installed: pip install "hf-elmo[examples]"')
+    assert not output.exists()
