@@ -43,6 +43,7 @@ from transformers import (
 
 import hf_elmo  # noqa: F401  (registers the ELMo Auto classes)
 from hf_elmo.model_source import resolve_model
+from hf_elmo.modeling_elmo import iob2_transitions
 from hf_elmo.finetuning import (
     DataFileError,
     TaggedSentence,
@@ -157,6 +158,30 @@ def log_report(split: str, report: dict):
                     scores["support"])
 
 
+def check_crf_tags(splits: dict, id2label: dict, label2id: dict) -> None:
+    """
+    With --head_crf and IOB2-style labels, every sentence of every split must keep IOB2's rule (`iob2_transitions`:
+    an I- tag continues a B- or I- tag of its type), or one line names the first word that breaks it, before any
+    training: IOB1 tags, in the test file only, were found after the whole training.
+    """
+    transitions = iob2_transitions(id2label)
+    if transitions is None:
+        return
+    allowed, allowed_first = transitions
+    for sentences in splits.values():
+        for sentence in sentences:
+            ids = [label2id.get(tag) for tag in sentence.tags]
+            for word, (previous, current) in enumerate(zip([None, *ids], ids)):
+                if current is None or (allowed_first[current] if previous is None else allowed[previous][current]):
+                    continue
+                after = "at the start of its sentence" if previous is None else f"after {id2label[previous]}"
+                raise DataFileError(
+                    f"{sentence.where(word)}: {id2label[current]} {after}, which IOB2 forbids (an I- tag continues a "
+                    "B- or I- tag of its type) and --head_crf's CRF never predicts: these look like IOB1 tags. "
+                    "Convert them to IOB2, or train without --head_crf."
+                )
+
+
 def main(argv=None):
     model_args, data_args, training_args = parse_arguments(TokenDataArguments, TokenModelArguments, argv=argv,
                                                            description=__doc__)
@@ -169,6 +194,8 @@ def main(argv=None):
     id2label = choose_labels(data_args, name, load_options, "ElmoForTokenClassification", "train" in splits and (
         lambda: build_label_map([tag for s in splits["train"] for tag in s.tags], outside="O")))
     label2id = {label: i for i, label in id2label.items()}
+    if model_args.head_crf:
+        check_crf_tags(splits, id2label, label2id)
     features = {split: encode(tokenizer, sentences, label2id) for split, sentences in splits.items()}
     logger.info("Labels: %s; sentences: %s", list(id2label.values()),
                 {split: len(f) for split, f in features.items()})

@@ -564,3 +564,26 @@ def test_a_missing_optional_package_is_found_before_training(token_example, conv
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         'error: this run needs matplotlib, seqeval, not installed: pip install "hf-elmo[examples]"')
     assert not output.exists()
+
+
+def test_head_crf_with_iob1_tags_is_refused_before_training(token_example, converted_dir, conll_text, tmp_path,
+                                                            capsys):
+    from hf_elmo.cli import run_reporting_errors
+
+    # The fixture is IOB1 (each entity here starts with I-): IOB1 in the test file only was found after the whole
+    # training. The training file is its IOB2 form (every entity here is one word, so each I- becomes B-).
+    iob1 = tmp_path / "test.conll"
+    iob1.write_text(conll_text, encoding="utf-8")
+    first = next(n for n, line in enumerate(conll_text.splitlines(), 1) if "\tI-" in line)
+    train = tmp_path / "train.conll"
+    train.write_text(conll_text.replace("\tI-", "\tB-"), encoding="utf-8")
+    output = tmp_path / "out"
+    code = run_reporting_errors(lambda: token_example.main([
+        "--model_name_or_path", str(converted_dir), "--train_file", str(train), "--test_file", str(iob1),
+        "--head_crf", "--label_list", "O", "B-ORG", "I-ORG", "B-PER", "I-PER", "B-LOC", "I-LOC",
+        "--output_dir", str(output), "--report_to", "none"]), "fine-tuning")
+    assert code == 1
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith(f"error: {iob1}:{first}: I-") and "which IOB2 forbids" in message, message
+    assert "these look like IOB1 tags. Convert them to IOB2, or train without --head_crf." in message
+    assert not output.exists()
