@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import os
+import pickle
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -500,7 +501,17 @@ def _train_and_report(model_args, data_args, training_args, model, tokenizer, ta
     }
     results = {}
     if do_train:
-        trained = trainer.train(resume_from_checkpoint=resume)
+        try:
+            trained = trainer.train(resume_from_checkpoint=resume)
+        except pickle.UnpicklingError:
+            # torch's weights-only loader refused a file of the checkpoint (optimizer.pt, scheduler.pt,
+            # rng_state.pth); its message ends by advising weights_only=False, which would run the file's code.
+            raise DataFileError(
+                f"--resume: a file of {resume} holds more than tensors and plain values, and loading it would mean "
+                "unpickling it, which can run any code in the file: the checkpoint is not trusted, and nothing of it "
+                f"was loaded. Remove {resume} to resume from an earlier checkpoint, or pass --overwrite_output_dir "
+                "to start afresh."
+            ) from None
         train_metrics = {**trained.metrics, "train_samples": len(task.features["train"])}
         trainer.log_metrics("train", train_metrics)
         metrics["train_loss"] = trained.training_loss

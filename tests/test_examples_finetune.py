@@ -587,3 +587,33 @@ def test_head_crf_with_iob1_tags_is_refused_before_training(token_example, conve
     assert message.startswith(f"error: {iob1}:{first}: I-") and "which IOB2 forbids" in message, message
     assert "these look like IOB1 tags. Convert them to IOB2, or train without --head_crf." in message
     assert not output.exists()
+
+
+class _Planted:
+    """A pickle that would create a file if unpickled."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_pickle_planted_in_a_trainer_checkpoint_is_one_line_and_never_runs(token_example, converted_dir,
+                                                                             fixtures_root, tmp_path):
+    import torch
+
+    output = tmp_path / "ner"
+    _ner(token_example, converted_dir, fixtures_root, output)
+    ran = tmp_path / "payload-ran"
+    torch.save({"state": _Planted(str(ran))}, output / "checkpoint-2" / "optimizer.pt")
+    # The same command resumes from the run's checkpoint: torch's weights-only loader refuses the file, and the
+    # run says so in one line instead of a 67-line traceback advising weights_only=False.
+    with pytest.raises(DataFileError) as error:
+        _ner(token_example, converted_dir, fixtures_root, output)
+    assert str(error.value) == (
+        f"--resume: a file of {output / 'checkpoint-2'} holds more than tensors and plain values, and loading it would "
+        "mean unpickling it, which can run any code in the file: the checkpoint is not trusted, and nothing of it "
+        f"was loaded. Remove {output / 'checkpoint-2'} to resume from an earlier checkpoint, or pass "
+        "--overwrite_output_dir to start afresh.")
+    assert "weights_only=False" not in str(error.value) and not ran.exists()
