@@ -50,29 +50,44 @@ DEFAULT_VARIANTS = ("pretrained", "random", "random+layer_norm")
 logger = logging.getLogger("downstream_ner")
 
 
+def positive(text: str) -> int:
+    """A count of at least 1 (0 meant "every sentence", and a negative one ended in a KeyError)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output-dir", required=True, help="where the biLM, the runs and results.json go.")
+    parser.add_argument("--output-dir", required=True,
+                        help="where the biLM, the runs and results.json go. A rerun continues an interrupted "
+                        "pretraining there; an existing results.json is replaced only with --overwrite.")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT_DIR/results.json.")
     pretraining = parser.add_argument_group("pretraining")
     pretraining.add_argument("--config", default=None,
                              help="the biLM to pretrain: a preset (small, medium, original), a config.json or a bilm-tf "
                              "options.json (default: a 5.2M-parameter biLM for CPUs; small on a GPU).")
-    pretraining.add_argument("--pretrain-steps", type=int, default=2000,
+    pretraining.add_argument("--pretrain-steps", type=positive, default=2000,
                              help="pretraining steps of --pretrain-batch-size sentences (default: %(default)s, about "
                              "45 minutes on 2 CPU cores with the default config).")
-    pretraining.add_argument("--pretrain-batch-size", type=int, default=64)
+    pretraining.add_argument("--pretrain-batch-size", type=positive, default=64)
     pretraining.add_argument("--pretrained", default=None, metavar="FOLDER",
                              help="skip pretraining and use this finished `hf-elmo pretrain` folder.")
     head = parser.add_argument_group("the NER head (biLSTM-CRF over the mixed biLM layers, biLM frozen)")
     head.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     head.add_argument("--epochs", type=float, default=5.0)
-    head.add_argument("--batch-size", type=int, default=32)
+    head.add_argument("--batch-size", type=positive, default=32)
     head.add_argument("--learning-rate", type=float, default=5e-3)
     head.add_argument("--head-lstm-dim", type=int, default=128)
     head.add_argument("--mix-dropout", type=float, default=0.2,
                       help="dropout on the mixed layers and on the head biLSTM's output (default: %(default)s).")
-    head.add_argument("--max-train-sentences", type=int, default=None, help="use the first N training sentences.")
-    head.add_argument("--max-eval-sentences", type=int, default=None,
+    head.add_argument("--max-train-sentences", type=positive, default=None,
+                      help="use the first N training sentences (default: all).")
+    head.add_argument("--max-eval-sentences", type=positive, default=None,
                       help="use the first N valid and N test sentences.")
     head.add_argument("--variants", nargs="+", choices=[name for name, _, _ in VARIANTS],
                       default=list(DEFAULT_VARIANTS),
@@ -87,7 +102,7 @@ def conll_sentences(path, limit):
     from hf_elmo.finetuning import read_conll
 
     sentences = read_conll(path)
-    return sentences[:limit] if limit else sentences
+    return sentences if limit is None else sentences[:limit]
 
 
 def pretrain(args, output: str, train, heldout) -> None:
@@ -102,15 +117,33 @@ def pretrain(args, output: str, train, heldout) -> None:
 
 
 def _run_pretraining(args, config: str, output: str, train, heldout) -> None:
+    """`hf-elmo pretrain` in a child process; --resume, so that a rerun continues an interrupted pretraining (and
+    starts afresh in a new folder). Ctrl-C or SIGTERM to this script stops the child too, which removes what it
+    must; a child that fails is one line here."""
+    from hf_elmo.finetuning import DataFileError
+
     command = [
         sys.executable, "-m", "hf_elmo.cli", "pretrain", "--train-files", str(train), "--eval-file", str(heldout),
         "--build-vocab", "--min-count", "3", "--config", config, "--batch-size", str(args.pretrain_batch_size),
         "--max-steps", str(args.pretrain_steps), "--eval-steps", str(max(1, args.pretrain_steps // 4)),
         "--save-steps", str(args.pretrain_steps), "--eval-max-sentences", "500", "--report-to", "none",
-        "--output-dir", output, "--seed", "1", "--num-workers", "0",
+        "--output-dir", output, "--seed", "1", "--num-workers", "0", "--resume",
     ]
     logger.info("Pretraining: %s", " ".join(command))
-    subprocess.run(command, check=True)
+    child = subprocess.Popen(command)
+    try:
+        code = child.wait()
+    except BaseException:  # stopped (KeyboardInterrupt, also for SIGTERM): the child stops with this script
+        child.terminate()
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        raise
+    if code != 0:
+        raise DataFileError(f"pretraining the biLM failed (hf-elmo pretrain exited with status {code}; its error is "
+                            f"above); rerun this command to continue from its last checkpoint in {output}.")
 
 
 def ner_scores(id2label: dict):
@@ -189,13 +222,18 @@ def main(argv=None) -> int:
     if args.pretrained is not None and not os.path.isfile(os.path.join(args.pretrained, "eval_results.json")):
         parser.error(f"--pretrained {args.pretrained}: not a finished `hf-elmo pretrain` folder (no eval_results.json "
                      "in it).")
+    results_file = os.path.join(args.output_dir, "results.json")
+    if os.path.exists(results_file) and not args.overwrite:
+        parser.error(f"{results_file} exists (an earlier experiment's); pass --overwrite to replace it, or choose "
+                     "another --output-dir.")
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     keep_compiled_code_in_user_cache()  # before torch and Transformers are imported
     import torch
     from transformers import AutoTokenizer
 
     from hf_elmo import ElmoModel
-    from hf_elmo.finetuning import build_label_map, compute_elmo_layers
+    from hf_elmo.finetuning import DataFileError, build_label_map, compute_elmo_layers
+    from hf_elmo.safe_output import write_text_atomic
     from hf_elmo.testing_utils import conll2003_english, cpu_model, sotu_sentences
 
     if args.threads:
@@ -221,9 +259,14 @@ def main(argv=None) -> int:
     with open(os.path.join(bilm_dir, "eval_results.json"), encoding="utf-8") as handle:
         pretraining = json.load(handle)
 
-    tokenizer = AutoTokenizer.from_pretrained(bilm_dir)
-    pretrained = ElmoModel.from_pretrained(bilm_dir)
-    id2label = build_label_map([tag for s in splits["train"] for tag in s.tags], outside="O")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(bilm_dir)
+        pretrained = ElmoModel.from_pretrained(bilm_dir)
+    except (OSError, ValueError) as error:  # a folder without tokenizer or model files, or not ELMo's
+        raise DataFileError(f"{bilm_dir}: cannot load its tokenizer and biLM ({str(error).splitlines()[0]}); it must "
+                            "be a finished `hf-elmo pretrain` folder.") from None
+    # Every split's tags: a slice of the training data may lack a label the test data has (a KeyError before).
+    id2label = build_label_map([tag for part in splits.values() for s in part for tag in s.tags], outside="O")
     label2id = {label: i for i, label in id2label.items()}
 
     def features_of(elmo) -> dict:
@@ -291,11 +334,13 @@ def main(argv=None) -> int:
                     "device": "cpu"},
     }
     line = json.dumps(result)
-    with open(os.path.join(args.output_dir, "results.json"), "w", encoding="utf-8") as handle:
-        handle.write(line + "\n")
+    write_text_atomic(results_file, line + "\n")
     print(line)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hf_elmo.cli import handle_sigterm, run_reporting_errors
+
+    handle_sigterm()  # SIGTERM stops the run as Ctrl-C does, the pretraining child with it
+    sys.exit(run_reporting_errors(main, "the downstream NER experiment"))

@@ -69,3 +69,61 @@ def test_the_experiment_runs_end_to_end_on_slices(tmp_path, capsys):
     # The pretrained biLM is an hf-elmo pretrain folder; the heads' runs leave nothing behind.
     assert type(AutoModel.from_pretrained(output / "bilm")) is ElmoModel
     assert sorted(os.listdir(output)) == ["bilm", "results.json"]
+    # A rerun does not silently replace the results.
+    with pytest.raises(SystemExit) as stopped:
+        downstream.main(["--output-dir", str(output), "--pretrained", str(output / "bilm")])
+    assert stopped.value.code == 2 and (output / "results.json").read_text(encoding="utf-8").strip() == line
+    assert capsys.readouterr().err.strip().endswith(f"error: {output / 'results.json'} exists (an earlier "
+                                                    "experiment's); pass --overwrite to replace it, or choose another "
+                                                    "--output-dir.")
+
+
+@pytest.mark.parametrize("count", ["0", "-3"])
+def test_sentence_counts_below_one_are_usage_errors(tmp_path, capsys, count):
+    # 0 meant every sentence, and a negative count ended in a KeyError.
+    with pytest.raises(SystemExit) as stopped:
+        load_example("downstream_ner").main(["--output-dir", str(tmp_path / "o"), "--max-train-sentences", count])
+    assert stopped.value.code == 2
+    assert f"argument --max-train-sentences: must be at least 1, got {count}" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the pretraining child through /proc")
+def test_sigterm_stops_the_pretraining_child_and_a_rerun_finishes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_pretraining import _alive, _cmdline, _descendants
+
+    (tmp_path / "tiny.json").write_text(json.dumps(TINY), encoding="utf-8")
+    output = tmp_path / "experiment"
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "downstream_ner.py")
+    command = [sys.executable, script, "--output-dir", str(output), "--config", str(tmp_path / "tiny.json"),
+               "--pretrain-steps", "100000", "--pretrain-batch-size", "8", "--max-train-sentences", "16",
+               "--max-eval-sentences", "8", "--seeds", "1", "--epochs", "1", "--head-lstm-dim", "8", "--variants",
+               "pretrained"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    children, deadline = [], time.monotonic() + 240
+    try:
+        while not children and time.monotonic() < deadline:
+            children = [pid for pid in _descendants(process.pid) if "hf_elmo.cli pretrain" in _cmdline(pid)]
+            time.sleep(0.2)
+        assert children, "the pretraining child never started"
+        time.sleep(3)  # inside the pretraining
+        process.send_signal(signal.SIGTERM)  # to the script alone, as `kill PID` does
+        output_text, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, output_text[-3000:]
+    time.sleep(1)
+    assert not any(_alive(pid) for pid in children), "the pretraining child kept running"
+    # Stopped before its first checkpoint, the pretraining left nothing; a rerun (here a shorter one) finishes, on
+    # 16 training sentences whose tags are fewer than the test data's (a KeyError before).
+    assert not (output / "bilm").exists()
+    command[command.index("100000")] = "20"
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads((output / "results.json").read_text())["pretraining"]["steps"] == 20
