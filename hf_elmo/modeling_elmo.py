@@ -115,6 +115,15 @@ def check_int8_run(module: nn.Module, implementation: ElmoImplementation, dropou
     """
     if not holds_int8_weights(module):
         return
+    # The parameters (char embeddings, convolutions, biases) stay fp32 beside the int8 maps; the maps' own buffers
+    # may hold bf16 copies by design (the bf16-dot kernel).
+    moved = next((p.dtype for p in module.parameters() if p.dtype != torch.float32), None)
+    if moved is not None:
+        raise ValueError(
+            f"This model holds int8 weights, whose other weights and activations are fp32: it was moved to {moved}. "
+            "Keep it in fp32 (int8 already takes the place of bf16), or load the model without int8_weights to run "
+            "it in bf16."
+        )
     if implementation is not ELMO_IMPLEMENTATIONS["cpu"]:
         name = next(name for name, value in ELMO_IMPLEMENTATIONS.items() if value is implementation)
         raise ValueError(
@@ -335,6 +344,10 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
         names the tensor; see `weight_checks.py`.
         """
         int8_weights = kwargs.pop("int8_weights", False)
+        if int8_weights and kwargs.get("dtype", kwargs.get("torch_dtype")) is None:
+            # int8 weights are made from fp32 ones: a folder saved in bf16 is read into fp32 first (it was refused
+            # with a message about a torch_dtype nobody passed).
+            kwargs["dtype"] = torch.float32
         loaded = from_pretrained_checked(super().from_pretrained, *args, **kwargs)
         if int8_weights:
             (loaded[0] if isinstance(loaded, tuple) else loaded).quantize_int8()

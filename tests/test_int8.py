@@ -206,6 +206,25 @@ def test_bad_uses_of_int8_weights_get_one_clear_error(converted_dir, fixture_bat
         model(**fixture_batch)
     with pytest.raises(ValueError, match="works on an fp32 model"):
         ElmoModel.from_pretrained(converted_dir, dtype=torch.bfloat16).quantize_int8()
+    # Moved to bf16 after quantizing: refused (it ran silently, against the README).
+    model.bilstm.forward_layers[0].input_proj.bias.requires_grad_(False)
+    model.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="int8 weights, whose other weights and activations are fp32: it was moved to "
+                                         "torch.bfloat16"):
+        model(**fixture_batch)
+
+
+def test_int8_weights_from_a_folder_saved_in_bf16(converted_dir, fixture_batch, tmp_path):
+    # They are made from fp32 weights: the bf16 folder is read into fp32 (it was refused with a message about a
+    # torch_dtype nobody passed), and gives what the fp32 folder's bf16-rounded weights give.
+    ElmoModel.from_pretrained(converted_dir, dtype=torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    model = ElmoModel.from_pretrained(tmp_path / "bf16", int8_weights=True)
+    assert model.has_int8_weights and model.char_encoder.char_embeddings.weight.dtype == torch.float32
+    rounded = ElmoModel.from_pretrained(converted_dir)
+    rounded.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in rounded.state_dict().items()})
+    with torch.no_grad():
+        assert torch.equal(model(**fixture_batch).last_hidden_state,
+                           rounded.quantize_int8()(**fixture_batch).last_hidden_state)
 
 
 def test_a_head_learns_over_a_frozen_int8_bilm(converted_dir, fixture_batch):
