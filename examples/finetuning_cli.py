@@ -487,7 +487,10 @@ def _train_and_report(model_args, data_args, training_args, model, tokenizer, ta
     task_name = data_args.task_name or task.name
     metrics = {
         "task": task_name,
-        "model": model_args.model_name_or_path,
+        # A local folder by its name only: its absolute path says nothing to a reader, and is the user's own (it
+        # went into metrics.json and the card, which publish uploads).
+        "model": os.path.basename(os.path.normpath(model_args.model_name_or_path))
+        if os.path.isdir(model_args.model_name_or_path) else model_args.model_name_or_path,
         # Hub ids only (for the card's metadata): a local folder means nothing to a reader of the Hub page.
         "base_model": None if os.path.isdir(model_args.model_name_or_path) else model_args.model_name_or_path,
         "datasets": [data_args.dataset_name] if data_args.dataset_name and not os.path.isdir(data_args.dataset_name)

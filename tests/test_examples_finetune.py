@@ -73,6 +73,10 @@ def test_token_classification_example_fits_conll(token_example, converted_dir, c
 
     on_disk = json.loads((output / "metrics.json").read_text())
     assert on_disk["validation"] == metrics["validation"] and on_disk["layer_weights"] == metrics["layer_weights"]
+    # The base model, a local folder, by its name only: no absolute path of the user's goes into what publish uploads.
+    assert on_disk["model"] == converted_dir.name and on_disk["base_model"] is None
+    assert str(converted_dir.parent) not in (output / "metrics.json").read_text()
+    assert str(converted_dir.parent) not in (output / "README.md").read_text()
     labels = json.loads((output / "labels.json").read_text())
     assert labels == {"id2label": {"0": "O", "1": "I-LOC", "2": "I-ORG", "3": "I-PER"}}
     assert (output / "layer_weights.png").read_bytes()[:8] == PNG_SIGNATURE
@@ -94,7 +98,7 @@ def test_token_classification_example_fits_conll(token_example, converted_dir, c
     card = (output / "README.md").read_text()
     assert ("The weights of its biLM are those of bilm-tf's own test model (allennlp 0.9.0 `tests/fixtures/elmo`), "
             "for which bilm-tf's outputs are published.") in card
-    assert (f"Task `NER`, fine-tuned from `{converted_dir}` on `train.conll` (train), `conll2003.txt` (validation), "
+    assert (f"Task `NER`, fine-tuned from `{converted_dir.name}` on `train.conll` (train), `conll2003.txt` (validation), "
             "`conll2003.txt` (test) with hf_elmo's example scripts (the biLM frozen, a learned scalar mix of its "
             "layers, a linear classifier).") in card
     assert ("Training arguments: `learning_rate=0.1`, `num_train_epochs=8.0`, `max_steps=-1`, "
