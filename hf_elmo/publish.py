@@ -151,9 +151,9 @@ def folder_model_card(model_dir: str, config, repo_id: str | None = None, licens
 
 def _refuse_links_outside(model_dir: str) -> None:
     """
-    Stop before anything is read if an entry of the folder is a link whose target lies outside it: loading or
-    carrying it over would upload someone's file from elsewhere (a link to a private file, listed like any other).
-    Links that stay inside the folder are followed.
+    Stop before anything is read if an entry of the folder is a link whose target lies outside it, or a file with
+    more than one hard link: loading or carrying it over would upload someone's file from elsewhere (a link to a
+    private file, listed like any other). Symbolic links that stay inside the folder are followed.
     """
     for name in sorted(os.listdir(model_dir)):
         path = os.path.join(model_dir, name)
@@ -163,6 +163,14 @@ def _refuse_links_outside(model_dir: str) -> None:
                 f"{path} is a link to {target}, outside {model_dir}; publish never uploads a file from outside the "
                 f"model folder. Remove the link, or replace it with a copy of the file if it is meant to be "
                 f"published (cp --remove-destination \"$(readlink -f {path})\" {path})."
+            )
+        # A hard link cannot say where its other names are: a file with more than one may be someone's file from
+        # elsewhere (a private one, linked in), so it is refused as a link outside the folder is.
+        if not os.path.islink(path) and os.path.isfile(path) and os.stat(path).st_nlink > 1:
+            raise PublishError(
+                f"{path} has {os.stat(path).st_nlink} hard links: it is also a file elsewhere, and publish never "
+                "uploads a file that may come from outside the model folder. If it is meant to be published, give "
+                f"the folder a copy of its own (cp {path} {path}.copy && mv {path}.copy {path})."
             )
 
 

@@ -395,3 +395,16 @@ def test_publish_never_uploads_what_a_link_outside_the_folder_points_to(converte
     prepared, _ = publish(str(folder), "someone/elmo")
     assert hub[1][3]["labels.json"] == b'{"a": 1}\n'
     assert prepared.left_out == ["notes"]
+    # A hard link cannot be told from a file, but a file with more than one link can: refused, as it may be a
+    # private file from elsewhere (it was uploaded).
+    os.remove(folder / "labels.json")
+    os.link(secret, folder / "notes.json")
+    calls = len(hub)
+    with pytest.raises(PublishError) as error:
+        publish(str(folder), "someone/elmo", dry_run=True)
+    assert str(error.value) == (
+        f"{folder / 'notes.json'} has 2 hard links: it is also a file elsewhere, and publish never uploads a file "
+        "that may come from outside the model folder. If it is meant to be published, give the folder a copy of its "
+        f"own (cp {folder / 'notes.json'} {folder / 'notes.json'}.copy && mv {folder / 'notes.json'}.copy "
+        f"{folder / 'notes.json'}).")
+    assert len(hub) == calls
