@@ -39,6 +39,7 @@ import time
 
 # The 5.2M-parameter biLM a 2-core CPU pretrains in about 45 minutes (plain data: no torch at import).
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG
+from hf_elmo.cli import positive_int  # counts of at least 1 (0 meant every sentence, -3 a KeyError)
 from hf_elmo.threads import keep_compiled_code_in_user_cache, threads_argument
 
 # (name, which biLM, mix_layer_norm); "pretrained+int8": the pretrained biLM's features computed with int8 weights
@@ -48,17 +49,6 @@ VARIANTS = (("pretrained", "pretrained", False), ("random", "random", False), ("
 DEFAULT_VARIANTS = ("pretrained", "random", "random+layer_norm")
 
 logger = logging.getLogger("downstream_ner")
-
-
-def positive(text: str) -> int:
-    """A count of at least 1 (0 meant "every sentence", and a negative one ended in a KeyError)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,23 +61,23 @@ def build_parser() -> argparse.ArgumentParser:
     pretraining.add_argument("--config", default=None,
                              help="the biLM to pretrain: a preset (small, medium, original), a config.json or a bilm-tf "
                              "options.json (default: a 5.2M-parameter biLM for CPUs; small on a GPU).")
-    pretraining.add_argument("--pretrain-steps", type=positive, default=2000,
+    pretraining.add_argument("--pretrain-steps", type=positive_int, default=2000,
                              help="pretraining steps of --pretrain-batch-size sentences (default: %(default)s, about "
                              "45 minutes on 2 CPU cores with the default config).")
-    pretraining.add_argument("--pretrain-batch-size", type=positive, default=64)
+    pretraining.add_argument("--pretrain-batch-size", type=positive_int, default=64)
     pretraining.add_argument("--pretrained", default=None, metavar="FOLDER",
                              help="skip pretraining and use this finished `hf-elmo pretrain` folder.")
     head = parser.add_argument_group("the NER head (biLSTM-CRF over the mixed biLM layers, biLM frozen)")
     head.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     head.add_argument("--epochs", type=float, default=5.0)
-    head.add_argument("--batch-size", type=positive, default=32)
+    head.add_argument("--batch-size", type=positive_int, default=32)
     head.add_argument("--learning-rate", type=float, default=5e-3)
     head.add_argument("--head-lstm-dim", type=int, default=128)
     head.add_argument("--mix-dropout", type=float, default=0.2,
                       help="dropout on the mixed layers and on the head biLSTM's output (default: %(default)s).")
-    head.add_argument("--max-train-sentences", type=positive, default=None,
+    head.add_argument("--max-train-sentences", type=positive_int, default=None,
                       help="use the first N training sentences (default: all).")
-    head.add_argument("--max-eval-sentences", type=positive, default=None,
+    head.add_argument("--max-eval-sentences", type=positive_int, default=None,
                       help="use the first N valid and N test sentences.")
     head.add_argument("--variants", nargs="+", choices=[name for name, _, _ in VARIANTS],
                       default=list(DEFAULT_VARIANTS),

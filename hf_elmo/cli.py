@@ -144,12 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "are raw text split into words by the model's tokenizer (punctuation and clitics apart).")
     embed.add_argument("--float16", action="store_true",
                        help="store float16 instead of float32 (half the file size; computation stays float32).")
-    embed.add_argument("--batch-size", type=_positive, default=32, metavar="N",
+    embed.add_argument("--batch-size", type=positive_int, default=32, metavar="N",
                        help="sentences per forward pass (default: %(default)s).")
-    embed.add_argument("--window", type=_positive, default=2048, metavar="LINES",
+    embed.add_argument("--window", type=positive_int, default=2048, metavar="LINES",
                        help="lines read at a time and sorted by length for batching; bounds memory "
                        "(default: %(default)s). Does not change the vectors.")
-    embed.add_argument("--max-words", type=_positive, default=512, metavar="N",
+    embed.add_argument("--max-words", type=positive_int, default=512, metavar="N",
                        help="longer lines are split into pieces of at most N words (default: %(default)s).")
     embed.add_argument("--int8", action="store_true",
                        help="run the biLM with int8 weights (CPU only): a quarter of their memory, faster for large "
@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     allennlp.add_argument("--weight-file", default=None,
                           help="the ELMo weight file, a path or URL (default: AllenNLP's, the original model's); "
                           "'none' when --options-file names a converted folder or Hub id.")
-    allennlp.add_argument("--batch-size", type=_positive, default=64, help="the batch size to use (default: 64).")
+    allennlp.add_argument("--batch-size", type=positive_int, default=64, help="the batch size to use (default: 64).")
     allennlp.add_argument("--cuda-device", type=int, default=-1, help="the CUDA device to run on (default: -1, CPU).")
     allennlp.add_argument("--forget-sentences", action="store_true",
                           help="leave out the sentence_to_index dataset that maps sentences to their keys.")
@@ -221,7 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse's type for a count of at least 1 (a usage error otherwise)."""
     try:
         value = int(text)
     except ValueError:

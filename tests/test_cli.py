@@ -54,10 +54,15 @@ def test_pretrain_help_and_usage_errors_are_its_own(capsys):
         main(["pretrain", "--help"])
     assert exit_info.value.code == 0 and capsys.readouterr().out.startswith("usage: hf-elmo pretrain ")
     with pytest.raises(SystemExit) as exit_info:
-        main(["pretrain", "--train-files", "a b.txt", "--output-dir", "out", "--threads", "0"])
+        main(["pretrain", "--train-files", "a b.txt", "--output-dir", "out"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith("usage: hf-elmo pretrain ")
     assert err.strip().endswith("the following arguments are required: --max-steps")
+    with pytest.raises(SystemExit) as exit_info:  # an option's value is checked as it is parsed
+        main(["pretrain", "--train-files", "a b.txt", "--output-dir", "out", "--threads", "0"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("usage: hf-elmo pretrain ")
+    assert "argument --threads: must be between 1 and" in err
 
 
 HEAVY_IMPORTS = """

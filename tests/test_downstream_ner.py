@@ -84,7 +84,7 @@ def test_sentence_counts_below_one_are_usage_errors(tmp_path, capsys, count):
     with pytest.raises(SystemExit) as stopped:
         load_example("downstream_ner").main(["--output-dir", str(tmp_path / "o"), "--max-train-sentences", count])
     assert stopped.value.code == 2
-    assert f"argument --max-train-sentences: must be at least 1, got {count}" in capsys.readouterr().err
+    assert f"argument --max-train-sentences: expected a positive integer, got {count}" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the pretraining child through /proc")
