@@ -318,13 +318,26 @@ class Elmo(nn.Module):
 
 def read_sentences(input_file) -> list[str]:
     """`embed_file`'s input: the stripped lines of an open text file (closed after) or a path (UTF-8); a blank line
-    is a `ConfigurationError`, as in AllenNLP."""
+    is a `ConfigurationError`, as in AllenNLP, and so is text that is not UTF-8 (naming the line, for a path)."""
     if isinstance(input_file, (str, os.PathLike)):
-        with open(input_file, encoding="utf-8") as handle:
-            sentences = [line.strip() for line in handle]
+        sentences = []
+        with open(input_file, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    sentences.append(raw.decode("utf-8").strip())
+                except UnicodeDecodeError as error:
+                    raise ConfigurationError(
+                        f"{input_file}, line {number}: not UTF-8 text (byte {error.start}: "
+                        f"{raw[error.start:error.start + 4]!r}); convert it first, e.g. iconv -f latin1 -t utf-8."
+                    ) from None
     else:
-        sentences = [line.strip() for line in input_file]
-        input_file.close()
+        try:
+            sentences = [line.strip() for line in input_file]
+        except UnicodeDecodeError as error:
+            raise ConfigurationError(f"{getattr(input_file, 'name', 'the input')}: not UTF-8 text ({error.reason}); "
+                                     "convert it first, e.g. iconv -f latin1 -t utf-8.") from None
+        finally:
+            input_file.close()
     blank = [i for i, sentence in enumerate(sentences) if sentence == ""]
     if blank:
         raise ConfigurationError(f"Your input file contains empty lines at indexes {blank}. Please remove them.")
