@@ -293,8 +293,8 @@ def test_the_allennlp_elmo_command(files, tmp_path, capsys, monkeypatch):
     (tmp_path / "latin1.txt").write_bytes("caf\u00e9 au lait\n".encode("latin-1"))
     assert main(["allennlp-elmo", str(tmp_path / "latin1.txt"), str(tmp_path / "b.hdf5"), "--all",
                  "--options-file", files[0], "--weight-file", files[1]]) == 1
-    assert capsys.readouterr().err == (f"error: {tmp_path / 'latin1.txt'}, line 1: not UTF-8 text (byte 3: b'\\xe9 au'); "
-                                       "convert it first, e.g. iconv -f latin1 -t utf-8.\n")
+    assert capsys.readouterr().err == (f"error: {tmp_path / 'latin1.txt'}, line 1: not UTF-8 text (byte 3: "
+                                       "b'\\xe9 au'); convert it first, e.g. iconv -f latin1 -t utf-8.\n")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert main(["allennlp-elmo", str(tmp_path / "in.txt"), str(tmp_path / "c.hdf5"), "--all"]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {DEFAULT_OPTIONS_FILE}: not downloaded")
