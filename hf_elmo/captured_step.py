@@ -93,8 +93,9 @@ class CapturedTrainingStep:
         self._update = torch.compile(self._update_eager, **compile_options)
 
     def bind_optimizer_state(self) -> None:
-        """Point the graphs at the optimizer's state tensors: after construction and after loading a checkpoint
-        (which replaces them). The step counts move to the device: a host tensor would stop CUDA-graph capture."""
+        """Point the graphs at the optimizer's state tensors, as they are when the step is built (a run builds it
+        after --resume has loaded them). The step counts move to the device: a host tensor would stop CUDA-graph
+        capture."""
         state = self.optimizer.state
         for p in self.params:
             state[p]["step"] = state[p]["step"].to(self.device)
