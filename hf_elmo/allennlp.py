@@ -91,19 +91,13 @@ def _local_file(path_or_url: str) -> str:
     return target
 
 
-def _file_digest(path: str) -> str:
-    from .convert import sha256_of
-
-    return sha256_of(path)
-
-
 def load_bilm(options_file: str | None, weight_file: str | None = None):
     """
     The `ElmoModel` that `options_file` and `weight_file` name: a bilm-tf pair (paths or URLs), converted once into
     `cache_dir()/converted-SHA` (keyed by both files' SHA-256) and loaded from its safetensors afterwards; or, with
     `weight_file` None, a converted hf_elmo folder or a Hub id in `options_file`.
     """
-    from .convert import convert_bilm_tf_to_hf
+    from .convert import convert_bilm_tf_to_hf, sha256_of
     from .model_source import resolve_model
     from .modeling_elmo import ElmoModel
 
@@ -114,7 +108,7 @@ def load_bilm(options_file: str | None, weight_file: str | None = None):
         name, extra = resolve_model(options_file)
         return ElmoModel.from_pretrained(name, **extra)
     options, weights = _local_file(options_file), _local_file(weight_file)
-    key = hashlib.sha256((_file_digest(options) + _file_digest(weights)).encode()).hexdigest()[:32]
+    key = hashlib.sha256((sha256_of(options) + sha256_of(weights)).encode()).hexdigest()[:32]
     folder = os.path.join(cache_dir(), f"converted-{key}")
     if not os.path.isfile(os.path.join(folder, "model.safetensors")):
         logger.info("Converting %s and %s into %s (once)", options_file, weight_file, folder)
