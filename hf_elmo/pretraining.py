@@ -6,7 +6,6 @@ options, `hf-elmo pretrain --help`, without torch or transformers); its loop, he
 checkpoints, `hf_elmo.pretraining_checkpoints` (what a run writes to resume exactly, and how it reads it back).
 """
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -73,7 +72,7 @@ def use_captured_step(args, device, mixed_precision: str) -> bool:
         return args.training_step == "captured"
     if device.type != "cuda":
         return False
-    unsupported = captured_step_unsupported(argparse.Namespace(**{**vars(args), "mixed_precision": mixed_precision}))
+    unsupported = captured_step_unsupported(args, mixed_precision)
     if unsupported:
         logger.info("Training step: eager, because of %s", unsupported)
     return unsupported is None
@@ -352,12 +351,13 @@ class PretrainingRun:
         try:
             self._set_up(args, accelerator)
         except BaseException:
-            self.release_output_dir()
+            # A lock file an earlier start of ours left stays: it is what lets the next run take the folder over.
+            self.release_output_dir(keep_file=self.output_lock is not None and self.output_lock.existed)
             raise
 
-    def release_output_dir(self) -> None:
+    def release_output_dir(self, keep_file: bool = False) -> None:
         if self.output_lock is not None:
-            self.output_lock.release()
+            self.output_lock.release(keep_file)
 
     def _set_up(self, args, accelerator) -> None:
         from accelerate.utils import set_seed

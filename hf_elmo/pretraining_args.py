@@ -162,15 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def captured_step_unsupported(args) -> str | None:
+def captured_step_unsupported(args, mixed_precision: str | None = None) -> str | None:
     """Why these options need the eager training step, or None. The captured step (hf_elmo.captured_step) runs
     Adagrad at a constant learning rate (a rate that changed every step would be a new graph every step) and no
-    fp16 loss scaler (it reads the gradient on the host)."""
+    fp16 loss scaler (it reads the gradient on the host). `mixed_precision`, when given, is the run's own (from
+    `accelerate launch` or its config when --mixed-precision is not given)."""
+    mixed_precision = mixed_precision or args.mixed_precision
     if args.optimizer != "adagrad":
         return f"--optimizer {args.optimizer} (the captured step runs Adagrad, bilm-tf's optimizer)"
     if args.lr_scheduler != "constant" or args.warmup_steps:
         return "a learning-rate schedule (the captured step needs a constant learning rate)"
-    if args.mixed_precision == "fp16":
+    if mixed_precision == "fp16":
         return "--mixed-precision fp16 (its loss scaler reads the gradient on the host; use bf16)"
     return None
 

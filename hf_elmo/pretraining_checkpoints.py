@@ -97,12 +97,14 @@ class OutputDirLock:
         handle.flush()
         self.handle = handle
 
-    def release(self) -> None:
-        """Remove the lock file and free the lock: a finished folder holds no file of the run's bookkeeping. (A run
-        that tries the lock meanwhile never waits on the old file: it is refused at once.)"""
+    def release(self, keep_file: bool = False) -> None:
+        """Free the lock and remove the lock file: a finished folder holds no file of the run's bookkeeping. (A run
+        that tries the lock meanwhile never waits on the old file: it is refused at once.) `keep_file` leaves the
+        file, the mark of an earlier start of ours, for a run refused before it took the folder over."""
         if self.handle is not None:
             try:
-                os.remove(self.handle.name)
+                if not keep_file:
+                    os.remove(self.handle.name)
             except FileNotFoundError:  # the folder of a run that failed early was removed with it
                 pass
             self.handle.close()
@@ -128,7 +130,9 @@ def prepare_output_dir(args, accelerator, lock_existed: bool = False) -> str | N
     checkpoint = latest_checkpoint(args.output_dir)
     names = sorted(set(os.listdir(args.output_dir)) - {LOCK_FILE}) if os.path.isdir(args.output_dir) else []
     earlier = [name for name in ("training_args.json", "config.json") if name in names]
-    ours = bool(checkpoint or earlier or lock_existed)
+    # An early start of ours (its lock file left by a kill) is taken over only if it holds nothing but what such a
+    # start writes: anything else in the folder may be the user's.
+    ours = bool(checkpoint or earlier or lock_existed and set(names) <= EARLY_FILES)
     if names and not ours:
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         raise FileExistsError(

@@ -1038,6 +1038,12 @@ def test_pretrain_writes_only_into_folders_of_its_own(corpus, tmp_path, capsys):
     killed.mkdir()
     (killed / LOCK_FILE).write_text("pid 1\n")
     (killed / "vocab.txt").write_text("<S>\n</S>\n<UNK>\n")
+    # ... but not beside anything such a start does not write, which may be the user's.
+    (killed / "notes.txt").write_text("mine\n")
+    code, message = run(killed)
+    assert code == 1 and message.startswith(f"{killed} is not empty and holds no hf-elmo pretrain run (notes.txt, ")
+    assert (killed / "notes.txt").read_text() == "mine\n"
+    (killed / "notes.txt").unlink()
     assert run(killed)[0] == 0 and (killed / "model.safetensors").is_file() and not (killed / LOCK_FILE).exists()
 
 
