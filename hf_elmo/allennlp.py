@@ -97,9 +97,10 @@ def load_bilm(options_file: str | None, weight_file: str | None = None):
     `cache_dir()/converted-SHA` (keyed by both files' SHA-256) and loaded from its safetensors afterwards; or, with
     `weight_file` None, a converted hf_elmo folder or a Hub id in `options_file`.
     """
-    from .convert import convert_bilm_tf_to_hf, sha256_of
+    from .convert import convert_bilm_tf_to_hf
     from .model_source import resolve_model
     from .modeling_elmo import ElmoModel
+    from .run_record import sha256_of
 
     if options_file is None:
         raise ValueError("options_file is required (a bilm-tf options.json, a converted folder or a Hub id), "

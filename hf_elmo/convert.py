@@ -1,6 +1,5 @@
 """bilm-tf files -> a Hugging Face folder (and back), written atomically: a failed run leaves nothing behind."""
 
-import hashlib
 import json
 import logging
 import os
@@ -12,19 +11,12 @@ from . import bilm_tf
 from .configuration_elmo import ElmoConfig
 from .model_source import resolve_model
 from .modeling_elmo import ElmoModel
+from .run_record import sha256_of
 from .safe_output import atomic_output_dir, check_replaceable_dir
 from .tokenization_elmo import ElmoTokenizer
 
 
 logger = logging.getLogger(__name__)
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_bilm_tf(options_file: str, weight_file: str, progress: bool = False) -> ElmoModel:

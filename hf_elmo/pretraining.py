@@ -25,11 +25,10 @@ from .pretraining_checkpoints import (
     CHECKPOINT_VERSION,
     RNG_STATE_FILE,
     CheckpointError,
-    OutputDirInUse,
-    OutputDirLock,
     check_inputs_outside,
     latest_checkpoint,
     load_optimizer,
+    output_dir_lock,
     prepare_output_dir,
     read_checkpoint,
     read_json,
@@ -39,7 +38,8 @@ from .pretraining_checkpoints import (
     set_rng_state,
     word_list_digest,
 )
-from .safe_output import OutputError, write_json_atomic
+from .run_record import file_record
+from .safe_output import OutputError, OutputInUse, write_json_atomic
 
 
 # Named explicitly: under `python -m hf_elmo.pretraining` __name__ is "__main__".
@@ -119,7 +119,7 @@ def run(args) -> int:
     created = not os.path.lexists(args.output_dir)
     try:
         train(args)
-    except OutputDirInUse:
+    except OutputInUse:
         raise  # the folder is another run's: leave it as it is
     except OutputError as error:  # a write that failed (a full disk): say what --resume would take
         _remove_if_nothing_to_resume(args.output_dir, created)
@@ -347,7 +347,7 @@ class PretrainingRun:
                 "sharded training (FSDP, DeepSpeed) is not supported."
             )
         # The main process holds the output folder for the run's lifetime: a second run on it stops here, untouched.
-        self.output_lock = OutputDirLock(args.output_dir) if accelerator.is_main_process else None
+        self.output_lock = output_dir_lock(args.output_dir) if accelerator.is_main_process else None
         try:
             self._set_up(args, accelerator)
         except BaseException:
@@ -377,6 +377,9 @@ class PretrainingRun:
 
         self.split_words = WordSplitter(args.pre_tokenizer)
         files = resolve_shards(args.train_files, split_words=self.split_words)
+        # What the text is, not where it lies: a resumed run must read the same bytes the checkpoint's position
+        # counts in (a file edited or swapped would be resumed mid-way through other text).
+        self.data_record = {"train_files": [file_record(path) for path in files], "pre_tokenizer": args.pre_tokenizer}
         # First: a bad --init-from or --config stops the run before anything is written.
         base, encoder = load_encoder(args)
         vocab_file = resolve_vocab(args, accelerator, self.split_words, files)
@@ -421,7 +424,7 @@ class PretrainingRun:
         self.vocab_digest = word_list_digest(self.tokenizer.word_vocab)
         checkpoint_state = None
         if self.resume_from:
-            checkpoint_state = read_checkpoint(self.resume_from, args, model, self.vocab_digest)
+            checkpoint_state = read_checkpoint(self.resume_from, args, model, self.vocab_digest, self.data_record)
         self.model, self.optimizer = accelerator.prepare(model, optimizer)
         if self.resume_from:
             load_optimizer(self.optimizer, self.resume_from)
@@ -515,6 +518,7 @@ class PretrainingRun:
             "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "progress": self.progress.state_dict(),
             "stream": self.stream.state_dict(), "scheduler": self.scheduler.state_dict(), "optimizer": args.optimizer,
             "vocab_sha256": self.vocab_digest, "num_processes": self.accelerator.num_processes,
+            "data": self.data_record,
         }
         path = save_checkpoint(self.accelerator, self.model, self.optimizer, args.output_dir, self.progress.step,
                                args.save_total_limit, training_state)

@@ -18,6 +18,7 @@ import shutil
 import numpy as np
 import torch
 
+from .run_record import differences
 from .safe_output import atomic_files_into, no_room_reported, remove_stale_file_staging, write_json_atomic
 
 
@@ -62,53 +63,12 @@ LOCK_FILE = ".hf-elmo-pretrain.lock"
 EARLY_FILES = {LOCK_FILE, "vocab.txt", "logs"}
 
 
-class OutputDirInUse(FileExistsError):
-    """Another run holds the output folder's lock."""
+def output_dir_lock(output_dir: str):
+    """The lock a run holds on its --output-dir for its lifetime (`safe_output.OutputLock`), kept inside the folder:
+    a killed run's lock file is the mark of a start of ours (`EARLY_FILES`)."""
+    from .safe_output import OutputLock
 
-
-class OutputDirLock:
-    """The exclusive lock of `output_dir` (created if missing), or `OutputDirInUse`; `existed` says whether an
-    earlier run of ours left the lock file (a killed one: `release` removes it). `release()` (or the process's end)
-    frees it. Where the platform has no fcntl, nothing is locked."""
-
-    def __init__(self, output_dir: str):
-        self.handle = None
-        path = os.path.join(output_dir, LOCK_FILE)
-        self.existed = os.path.exists(path)
-        try:
-            import fcntl
-        except ImportError:
-            return
-        os.makedirs(output_dir, exist_ok=True)
-        handle = open(path, "a+", encoding="utf-8")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "its process id unknown"
-            handle.close()
-            raise OutputDirInUse(
-                f"{output_dir} is being written by another hf-elmo pretrain run ({holder}); nothing was touched. "
-                "Wait for that run to end, or choose another --output-dir."
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
-        self.handle = handle
-
-    def release(self, keep_file: bool = False) -> None:
-        """Free the lock and remove the lock file: a finished folder holds no file of the run's bookkeeping. (A run
-        that tries the lock meanwhile never waits on the old file: it is refused at once.) `keep_file` leaves the
-        file, the mark of an earlier start of ours, for a run refused before it took the folder over."""
-        if self.handle is not None:
-            try:
-                if not keep_file:
-                    os.remove(self.handle.name)
-            except FileNotFoundError:  # the folder of a run that failed early was removed with it
-                pass
-            self.handle.close()
-            self.handle = None
+    return OutputLock(output_dir, os.path.join(output_dir, LOCK_FILE), "hf-elmo pretrain", "--output-dir")
 
 
 def check_inputs_outside(args) -> None:
@@ -235,8 +195,9 @@ def check_training_state(state: dict, state_file: str) -> None:
             raise CheckpointError(f"--resume: {state_file}: {path} must be a string, got {field(path)!r}.")
 
 
-def read_checkpoint(checkpoint: str, args, model, vocab_digest: str) -> dict:
-    """The checkpoint's training state, after checking that this run builds the same model; loads its weights."""
+def read_checkpoint(checkpoint: str, args, model, vocab_digest: str, data_record: dict) -> dict:
+    """The checkpoint's training state, after checking that this run builds the same model from the same text
+    (`data_record`: the training files' names, sizes and SHA-256, and how lines are split); loads its weights."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -277,6 +238,18 @@ def read_checkpoint(checkpoint: str, args, model, vocab_digest: str) -> dict:
         raise CheckpointError(
             f"--resume: {checkpoint} was trained with --optimizer {state['optimizer']}, this run asks for "
             f"{args.optimizer}; its optimizer state cannot be used. Resume with --optimizer {state['optimizer']}."
+        )
+    if not isinstance(state.get("data"), dict):
+        raise CheckpointError(
+            f"--resume: {state_file} does not record the training files it was trained on (written by an earlier "
+            "hf_elmo), so it cannot show that this run's files are the same. Start afresh in another --output-dir."
+        )
+    changed = differences(state["data"], data_record)
+    if changed:
+        raise CheckpointError(
+            f"--resume: {checkpoint} was trained on other text than this run would read ({'; '.join(changed)}): "
+            "its position in the data would point into other lines. Resume with the original --train-files and "
+            "--pre-tokenizer, or start afresh in another --output-dir."
         )
     if state["vocab_sha256"] != vocab_digest:
         raise CheckpointError(

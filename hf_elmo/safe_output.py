@@ -153,6 +153,64 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+class OutputInUse(FileExistsError):
+    """Another run holds the output's lock."""
+
+
+class OutputLock:
+    """
+    The exclusive lock (`fcntl.flock`) a run holds on its output for its lifetime, so that two runs never write one
+    output: `lock_file` is created (with its folder) and holds the holder's process id; a second run gets
+    `OutputInUse`, one line naming `command` and `option`, and touches nothing. `existed` says whether an earlier
+    run left the file (a killed one). `release()` (or the process's end) frees it. Where the platform has no fcntl,
+    nothing is locked.
+    """
+
+    def __init__(self, output: str, lock_file: str, command: str, option: str):
+        self.handle = None
+        self.existed = os.path.exists(lock_file)
+        try:
+            import fcntl
+        except ImportError:
+            return
+        os.makedirs(os.path.dirname(lock_file) or ".", exist_ok=True)
+        handle = open(lock_file, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "its process id unknown"
+            handle.close()
+            raise OutputInUse(
+                f"{output} is being written by another {command} run ({holder}); nothing was touched. Wait for that "
+                f"run to end, or choose another {option}."
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        self.handle = handle
+
+    def release(self, keep_file: bool = False) -> None:
+        """Free the lock and remove its file: a finished output holds no file of the run's bookkeeping. (A run that
+        tries the lock meanwhile never waits on the old file: it is refused at once.) `keep_file` leaves the file,
+        the mark of an earlier run, for a run refused before it took that run's output over."""
+        if self.handle is not None:
+            try:
+                if not keep_file:
+                    os.remove(self.handle.name)
+            except FileNotFoundError:  # the folder of a run that failed early was removed with it
+                pass
+            self.handle.close()
+            self.handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+
 def is_within(path: str, folder: str) -> bool:
     """Whether `path` is `folder` or inside it (both resolved through symlinks)."""
     path, folder = os.path.realpath(path), os.path.realpath(folder)

@@ -161,7 +161,7 @@ def test_elmo_arguments_requires_grad_dropout_and_the_cached_vocabulary(files):
 
 
 def test_weights_convert_once_into_a_cache_keyed_by_their_sha256(files, converted_dir):
-    from hf_elmo.convert import sha256_of
+    from hf_elmo.run_record import sha256_of
     import hashlib
 
     Elmo(*files, 1)

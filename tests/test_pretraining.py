@@ -1,6 +1,7 @@
 """ELMo pretraining: the LM objective, the vocabulary and corpus stream, and real Accelerate runs on real English text
 (a 2-process CPU run, a run killed with SIGKILL and resumed, held-out perplexity, export to bilm-tf and back)."""
 
+import hashlib
 import json
 import logging
 import math
@@ -630,6 +631,25 @@ def test_resume_refuses_another_model_vocabulary_or_optimizer(trained, corpus, t
     # The run's own vocabulary passed again is the same vocabulary.
     assert "holds a model with" in refused("--vocab", str(trained / "vocab.txt"), "--config", str(tmp_path / "skip.json"))
 
+    # Other text under the same file name: the size and SHA-256 say so, before anything of the checkpoint is used.
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    text = (corpus / "train.txt").read_bytes()
+    (edited / "train.txt").write_bytes(text.replace(b" the ", b" a ", 1))
+    message = refused("--train-files", str(edited / "train.txt"))
+    digests = [hashlib.sha256(data).hexdigest()[:12] for data in (text, (edited / "train.txt").read_bytes())]
+    assert message == (
+        f"--resume: {checkpoint} was trained on other text than this run would read (train_files.0.bytes: "
+        f"{len(text)} then, {len(text) - 2} now; train_files.0.sha256: {digests[0]}… then, {digests[1]}… now): its "
+        "position in the data would point into other lines. Resume with the original --train-files and "
+        "--pre-tokenizer, or start afresh in another --output-dir."
+    )
+    assert "(pre_tokenizer: 'ptb' then, 'whitespace' now)" in refused("--pre-tokenizer", "whitespace")
+    state = json.loads((checkpoint / "training_state.json").read_text())
+    (checkpoint / "training_state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "data"}))
+    assert refused().startswith(f"--resume: {checkpoint / 'training_state.json'} does not record the training files")
+    (checkpoint / "training_state.json").write_text(json.dumps(state))
+
     # A tampered optimizer file is refused, not run; a checkpoint of the earlier, pickled format is refused unread.
     planted = tmp_path / "payload-ran"
     (checkpoint / "optimizer.bin").write_bytes(pickle.dumps(Payload(str(planted)), protocol=2))
@@ -994,7 +1014,7 @@ def test_cpu_batches_are_padded_to_their_longest_sentence_and_compiled_ones_to_a
 
 # ------------------------------------------------------------------------------------------------ output folders
 def test_pretrain_writes_only_into_folders_of_its_own(corpus, tmp_path, capsys):
-    from hf_elmo.pretraining_checkpoints import LOCK_FILE, OutputDirLock
+    from hf_elmo.pretraining_checkpoints import LOCK_FILE, output_dir_lock
 
     def run(output, *extra) -> tuple[int, str]:
         code = pretrain_main(common_args(corpus, output, "--build-vocab", "--max-steps", "1", "--batch-size", "4",
@@ -1024,7 +1044,7 @@ def test_pretrain_writes_only_into_folders_of_its_own(corpus, tmp_path, capsys):
     assert snapshot(users) == before
     # A second run while another holds the folder: one line, and the folder (new to both) is left to its owner.
     held = tmp_path / "held"
-    lock = OutputDirLock(str(held))
+    lock = output_dir_lock(str(held))
     try:
         code, message = run(held)
         assert code == 1 and message == (f"{held} is being written by another hf-elmo pretrain run (pid "
