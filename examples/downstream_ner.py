@@ -40,6 +40,7 @@ import time
 # The 5.2M-parameter biLM a 2-core CPU pretrains in about 45 minutes (plain data: no torch at import).
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG
 from hf_elmo.cli import positive_int  # counts of at least 1 (0 meant every sentence, -3 a KeyError)
+from hf_elmo.safe_output import OutputLock, sibling_lock_file
 from hf_elmo.threads import keep_compiled_code_in_user_cache, threads_argument
 
 # (name, which biLM, mix_layer_norm); "pretrained+int8": the pretrained biLM's features computed with int8 weights
@@ -212,10 +213,17 @@ def main(argv=None) -> int:
     if args.pretrained is not None and not os.path.isfile(os.path.join(args.pretrained, "eval_results.json")):
         parser.error(f"--pretrained {args.pretrained}: not a finished `hf-elmo pretrain` folder (no eval_results.json "
                      "in it).")
-    results_file = os.path.join(args.output_dir, "results.json")
-    if os.path.exists(results_file) and not args.overwrite:
-        parser.error(f"{results_file} exists (an earlier experiment's); pass --overwrite to replace it, or choose "
-                     "another --output-dir.")
+    # One experiment at a time in a folder (the lock is beside it): a second one is refused and touches nothing.
+    with OutputLock(args.output_dir, sibling_lock_file(args.output_dir), "downstream NER experiment", "--output-dir"):
+        results_file = os.path.join(args.output_dir, "results.json")
+        if os.path.exists(results_file) and not args.overwrite:
+            parser.error(f"{results_file} exists (an earlier experiment's); pass --overwrite to replace it, or "
+                         "choose another --output-dir.")
+        return experiment(args, results_file)
+
+
+def experiment(args, results_file: str) -> int:
+    """Steps 1 to 4 of the docstring, the result written to `results_file` and printed."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     keep_compiled_code_in_user_cache()  # before torch and Transformers are imported
     import torch

@@ -17,21 +17,24 @@ import json
 import logging
 import os
 import pickle
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
 
-from transformers import HfArgumentParser, TrainingArguments
-from transformers.trainer_utils import IntervalStrategy, get_last_checkpoint
+from transformers import HfArgumentParser, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import IntervalStrategy
 
 from hf_elmo.finetuning import DataFileError, plot_layer_weights
 from hf_elmo.publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, SOURCE_FILE, folder_model_card
 from hf_elmo.safe_output import (
     OutputError,
+    OutputLock,
     atomic_files_into,
     atomic_output_dir,
     check_not_an_input,
     no_room_reported,
+    sibling_lock_file,
     write_json_atomic,
 )
 from hf_elmo.threads import THREADS_HELP, set_threads, threads_error
@@ -122,7 +125,8 @@ class ElmoTrainingArguments(TrainingArguments):
 
     overwrite_output_dir: bool = field(default=False, metadata={"help": (
         "replace a non-empty --output_dir (one that hf_elmo or the Trainer wrote) when the run has finished; without "
-        "it such a folder is refused, unless it holds checkpoints of this run, which are then resumed from."
+        "it such a folder is refused, unless it holds checkpoints of this same run (the same model, data files, "
+        "labels and training arguments), which are then resumed from."
     )})
     learning_rate: float = field(default=1e-2, metadata={"help": "peak AdamW learning rate."})
     num_train_epochs: float = field(default=3.0, metadata={"help": "training epochs."})
@@ -252,36 +256,177 @@ def choose_labels(data, name: str, load_options: dict, architecture: str, from_t
     return from_training()
 
 
+# Written into each checkpoint the run saves, before the Trainer's files (`RunRecordCallback`): whose checkpoint it is.
+RUN_RECORD_FILE = "hf_elmo_run.json"
+# The training arguments that change what a run computes, besides those metrics.json shows (when it logs, evaluates
+# or saves does not).
+TRAINING_ARGUMENTS_RECORDED = TRAINING_ARGUMENTS_SHOWN + (
+    "warmup_ratio", "optim", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "bf16", "fp16", "data_seed",
+    "label_smoothing_factor", "group_by_length", "world_size")
+
+
+def run_record(model_args, data_args, training_args, id2label: dict, load_options: dict) -> dict:
+    """
+    What this run is, as its checkpoints record it: the model (its config and weights by SHA-256, and the head's
+    options), the training and validation data (each file by name, size and SHA-256, and the options that select
+    from it), the labels in id order and the training arguments that shape the run. A checkpoint is resumed only when its record is this.
+    """
+    from dataclasses import asdict
+
+    from transformers.utils import cached_file
+
+    from hf_elmo.run_record import file_record, sha256_of
+
+    name = model_args.model_name_or_path
+    files = {}
+    for file in ("config.json", "model.safetensors"):
+        path = cached_file(name, file, _raise_exceptions_for_missing_entries=False, **load_options)
+        files[file] = sha256_of(path) if path else None
+    # The test data, scored once at the end, and the task's name do not change what is trained; --label_list is
+    # recorded as the labels it gives.
+    data = {key: file_record(value) if key.endswith("_file") and value else value
+            for key, value in asdict(data_args).items()
+            if key not in ("test_file", "max_predict_samples", "task_name", "label_list")}
+    return {
+        "model": {"name": os.path.basename(os.path.normpath(name)), "sha256": files,
+                  **{key: value for key, value in asdict(model_args).items() if key != "model_name_or_path"}},
+        "data": data,
+        "labels": [id2label[i] for i in sorted(id2label)],
+        "training": {key: getattr(getattr(training_args, key, None), "value", getattr(training_args, key, None))
+                     for key in TRAINING_ARGUMENTS_RECORDED},
+    }
+
+
+def _checkpoints(folder: str) -> list[str]:
+    """The `checkpoint-N` folders in `folder`, newest (highest N) first."""
+    found = [(int(m.group(1)), name) for name in os.listdir(folder)
+             if (m := re.fullmatch(r"checkpoint-(\d+)", name)) and os.path.isdir(os.path.join(folder, name))]
+    return [os.path.join(folder, name) for _, name in sorted(found, reverse=True)]
+
+
+def _read_record(checkpoint: str) -> dict | None:
+    try:
+        with open(os.path.join(checkpoint, RUN_RECORD_FILE), encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def is_complete(checkpoint: str) -> bool:
+    """Whether the Trainer finished writing `checkpoint`: trainer_state.json, which it writes last, reads whole."""
+    try:
+        with open(os.path.join(checkpoint, "trainer_state.json"), encoding="utf-8") as handle:
+            json.load(handle)
+    except (OSError, ValueError):
+        return False
+    return os.path.isfile(os.path.join(checkpoint, "model.safetensors"))
+
+
+def checkpoint_to_resume(folder: str, record: dict) -> str | None:
+    """
+    The newest complete checkpoint in `folder`, once every checkpoint there shows it is this run's (its record is
+    `record`); None if there is none yet. An incomplete one (a run stopped while writing it) is skipped with a log
+    line naming it. A checkpoint of another run (another model, data, labels or training arguments), or one without
+    a record, is a `FileExistsError` naming it and what differs.
+    """
+    resume = None
+    for checkpoint in _checkpoints(folder):
+        check_own_checkpoint(checkpoint, record)
+        if not is_complete(checkpoint):
+            logger.warning("Skipping %s: incomplete (a run stopped while writing it)", checkpoint)
+        elif resume is None:
+            resume = checkpoint
+    return resume
+
+
+# What to do about a checkpoint that is not this run's: one found in --output_dir, or one named on the command line.
+FOUND_CHECKPOINT_REMEDY = ("Pass --overwrite_output_dir to start afresh (the folder is replaced when this run has "
+                           "finished), or choose another --output_dir.")
+NAMED_CHECKPOINT_REMEDY = "Resume only a checkpoint of this run, or leave --resume_from_checkpoint out."
+
+
+def check_own_checkpoint(checkpoint: str, record: dict, remedy: str = FOUND_CHECKPOINT_REMEDY) -> None:
+    """A `FileExistsError` naming `checkpoint` unless its record is `record`: what differs, or that it has none."""
+    from hf_elmo.run_record import differences
+
+    recorded = _read_record(checkpoint)
+    if recorded is None:
+        raise FileExistsError(f"{checkpoint} is not a checkpoint of this script's runs (no readable "
+                              f"{RUN_RECORD_FILE}); nothing was touched. {remedy}")
+    changed = differences(recorded, record)
+    if changed:
+        raise FileExistsError(f"{checkpoint} is a checkpoint of another run ({'; '.join(changed)}); resuming it would "
+                              f"continue that run, and nothing was touched. {remedy}")
+
+
+class RunRecordCallback(TrainerCallback):
+    """Writes the run's record into each checkpoint: before the Trainer writes it (when the step or epoch that
+    saves ends), so that a checkpoint cut short is still known as this run's, and again once it is saved."""
+
+    def __init__(self, record: dict):
+        self.record = record
+
+    def _write(self, args, state) -> None:
+        if args.should_save:
+            folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            write_json(os.path.join(folder, RUN_RECORD_FILE), self.record)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            self._write(args, state)
+
+    on_epoch_end = on_step_end
+
+    def on_save(self, args, state, control, **kwargs):
+        self._write(args, state)
+
+
 class OutputFolder:
     """
     Where a run writes, by the rules of the `hf-elmo` commands:
 
     - never the base model's folder, a folder that holds it, or one of the data files;
-    - a folder that holds anything is refused unless it holds checkpoints (the run resumes from the newest, as
-      Transformers' examples do) or `--overwrite_output_dir` is given;
+    - one run at a time: the run holds a lock (`.NAME.lock` beside the folder) for its lifetime, and a second run
+      on the same folder is refused, touching nothing;
+    - a folder that holds anything is refused unless it holds checkpoints of this same run (`run_record`: model,
+      data files, labels and training arguments), which are resumed from (the newest complete one, as
+      Transformers' examples do), or `--overwrite_output_dir` is given;
     - the final files (model, tokenizer, results, card) appear together when the run has finished, never half of
-      them; checkpoints cut short are removed, and a folder this run created goes again if it failed before any
-      checkpoint was complete: a failure leaves the complete checkpoints, which the next run resumes from, or
-      nothing;
+      them; a failure removes only what this run created: its incomplete checkpoints, and the folder itself if it
+      created it and no checkpoint was completed. A failure leaves the complete checkpoints, which the next run
+      resumes from, or nothing;
     - with `--overwrite_output_dir` the run works in a hidden folder beside it, which replaces the old one only at
       the end: a failed run leaves the old folder as it was.
     """
 
-    def __init__(self, output_dir: str, overwrite: bool, inputs: list[str]):
+    def __init__(self, output_dir: str, overwrite: bool, inputs: list[str], record: dict, main_process: bool = True):
         self.path = os.path.abspath(output_dir)
         self.inputs = [os.path.abspath(p) for p in inputs if p and os.path.exists(p)]
         check_not_an_input(self.path, self.inputs)
         if os.path.lexists(self.path) and not os.path.isdir(self.path):
             raise OutputError(f"{self.path}: exists and is not a folder; remove it or choose another --output_dir.")
-        names = os.listdir(self.path) if os.path.isdir(self.path) else []
-        self.resume_from = get_last_checkpoint(self.path) if names and not overwrite else None
-        self.replaces = bool(names) and overwrite
-        if names and not overwrite and self.resume_from is None:
-            raise FileExistsError(
-                f"{self.path} already exists and is not empty; pass --overwrite_output_dir to replace it when the run "
-                "has finished, or choose another --output_dir."
-            )
+        self.lock = OutputLock(self.path, sibling_lock_file(self.path), "fine-tuning", "--output_dir") \
+            if main_process else None
+        try:
+            names = os.listdir(self.path) if os.path.isdir(self.path) else []
+            self.replaces = bool(names) and overwrite
+            self.resume_from = checkpoint_to_resume(self.path, record) if names and not overwrite else None
+            if names and not overwrite and not _checkpoints(self.path):
+                raise FileExistsError(
+                    f"{self.path} already exists and is not empty; pass --overwrite_output_dir to replace it when the "
+                    "run has finished, or choose another --output_dir."
+                )
+        except BaseException:
+            self.release()
+            raise
         self.created = not os.path.isdir(self.path)
+        self.found = set(names)
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
     def run(self, work):
         """`work(folder)` with the folder to give the Trainer; its result."""
@@ -293,18 +438,17 @@ class OutputFolder:
         try:
             return work(self.path)
         except BaseException:
-            remove_incomplete_checkpoints(self.path)
-            if self.created and get_last_checkpoint(self.path) is None:
-                shutil.rmtree(self.path, ignore_errors=True)
+            self.remove_what_failed()
             raise
 
-
-def remove_incomplete_checkpoints(output_dir: str) -> None:
-    """Trainer checkpoints that a failure cut short: `checkpoint-N` folders without `trainer_state.json`."""
-    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else ():
-        folder = os.path.join(output_dir, name)
-        if name.startswith("checkpoint-") and not os.path.exists(os.path.join(folder, "trainer_state.json")):
-            shutil.rmtree(folder, ignore_errors=True)
+    def remove_what_failed(self) -> None:
+        """The checkpoints this run began and did not finish; the folder, if this run created it and holds no
+        complete checkpoint. Nothing that was there before the run."""
+        for checkpoint in _checkpoints(self.path):
+            if os.path.basename(checkpoint) not in self.found and not is_complete(checkpoint):
+                shutil.rmtree(checkpoint, ignore_errors=True)
+        if self.created and not any(map(is_complete, _checkpoints(self.path))):
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
 def write_json(path: str | os.PathLike, data) -> None:
@@ -442,31 +586,38 @@ def run_finetuning(model_args, data_args, training_args, model, tokenizer, task:
         training_args.eval_strategy = IntervalStrategy.NO
     set_threads(training_args.threads)
     inputs = [model_args.model_name_or_path, data_args.train_file, data_args.validation_file, data_args.test_file]
-    output = OutputFolder(training_args.output_dir, training_args.overwrite_output_dir, inputs)
+    record = run_record(model_args, data_args, training_args, task.id2label, load_options)
     resume = training_args.resume_from_checkpoint
-    if resume is not None and not os.path.isdir(resume):
-        raise FileNotFoundError(f"--resume_from_checkpoint: {resume} is not a folder.")
-    if training_args.push_to_hub and training_args.hub_model_id is None:
-        # The Trainer names the repository after the folder it writes to, which may be a hidden staging folder.
-        training_args.hub_model_id = os.path.basename(output.path)
-    if resume is None and output.resume_from is not None and do_train:
-        resume = output.resume_from
-        logger.info("Checkpoint found: resuming from %s (--overwrite_output_dir starts over instead)", resume)
+    if resume is not None:
+        if not os.path.isdir(resume):
+            raise FileNotFoundError(f"--resume_from_checkpoint: {resume} is not a folder.")
+        check_own_checkpoint(resume, record, NAMED_CHECKPOINT_REMEDY)
+    output = OutputFolder(training_args.output_dir, training_args.overwrite_output_dir, inputs, record,
+                          main_process=training_args.process_index == 0)
+    try:
+        if training_args.push_to_hub and training_args.hub_model_id is None:
+            # The Trainer names the repository after the folder it writes to, which may be a hidden staging folder.
+            training_args.hub_model_id = os.path.basename(output.path)
+        if resume is None and output.resume_from is not None and do_train:
+            resume = output.resume_from
+            logger.info("Checkpoint found: resuming from %s (--overwrite_output_dir starts over instead)", resume)
 
-    def work(folder: str) -> dict:
-        training_args.output_dir = folder
-        return _train_and_report(model_args, data_args, training_args, model, tokenizer, task, resume,
-                                 (do_train, do_eval, do_predict), load_options)
+        def work(folder: str) -> dict:
+            training_args.output_dir = folder
+            return _train_and_report(model_args, data_args, training_args, model, tokenizer, task, resume,
+                                     (do_train, do_eval, do_predict), load_options, record)
 
-    # A full disk: one line, not safetensors' or torch's traceback.
-    with no_room_reported(output.path, "complete checkpoints are kept"):
-        metrics = output.run(work)
+        # A full disk: one line, not safetensors' or torch's traceback.
+        with no_room_reported(output.path, "complete checkpoints are kept"):
+            metrics = output.run(work)
+    finally:
+        output.release()
     training_args.output_dir = output.path
     return metrics
 
 
 def _train_and_report(model_args, data_args, training_args, model, tokenizer, task: Task, resume, steps,
-                      load_options) -> dict:
+                      load_options, record: dict) -> dict:
     do_train, do_eval, do_predict = steps
     folder = training_args.output_dir
 
@@ -483,6 +634,7 @@ def _train_and_report(model_args, data_args, training_args, model, tokenizer, ta
         compute_metrics=compute_metrics,
         # Keep only the argmax: whole logits of every evaluation example would be gathered in memory.
         preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
+        callbacks=[RunRecordCallback(record)],
     )
     task_name = data_args.task_name or task.name
     metrics = {

@@ -153,6 +153,12 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def sibling_lock_file(output: str) -> str:
+    """`.NAME.lock` beside `output`: the lock of a folder that a run may replace whole, or upload, stays out of it."""
+    parent, name = os.path.split(os.path.abspath(output))
+    return os.path.join(parent, f".{name}.lock")
+
+
 class OutputInUse(FileExistsError):
     """Another run holds the output's lock."""
 

@@ -78,6 +78,19 @@ def test_the_experiment_runs_end_to_end_on_slices(tmp_path, capsys):
                                                     "--output-dir.")
 
 
+def test_a_second_experiment_on_one_folder_is_refused_untouched(tmp_path):
+    from hf_elmo.safe_output import OutputLock, sibling_lock_file
+
+    output = tmp_path / "out"
+    with OutputLock(str(output), sibling_lock_file(str(output)), "downstream NER experiment", "--output-dir"):
+        with pytest.raises(FileExistsError) as error:
+            load_example("downstream_ner").main(["--output-dir", str(output), "--overwrite"])
+    assert str(error.value) == (f"{output} is being written by another downstream NER experiment run (pid "
+                                f"{os.getpid()}); nothing was touched. Wait for that run to end, or choose another "
+                                "--output-dir.")
+    assert os.listdir(tmp_path) == []  # no folder made, the lock file gone with its holder
+
+
 @pytest.mark.parametrize("count", ["0", "-3"])
 def test_sentence_counts_below_one_are_usage_errors(tmp_path, capsys, count):
     # 0 meant every sentence, and a negative count ended in a KeyError.

@@ -6,11 +6,15 @@ sentences from bilm-tf's `sentences.json`, a real Trainer with per-epoch checkpo
 """
 
 import csv
+import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+
+from pathlib import Path
 
 import pytest
 from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
@@ -234,18 +238,113 @@ def test_token_example_output_folder_rules(token_example, converted_dir, fixture
     assert os.listdir(other) == ["todo.txt"]
 
     # --overwrite_output_dir starts over and replaces the folder as a whole at the end; a run that fails (here the
-    # Trainer, on a checkpoint folder without a checkpoint in it) leaves the old one as it was.
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    with pytest.raises(ValueError, match="Can't find a valid checkpoint"):
+    # Trainer, on a checkpoint of this run whose trainer_state.json is damaged) leaves the old one as it was.
+    broken = tmp_path / "broken"
+    shutil.copytree(output / "checkpoint-2", broken)
+    (broken / "trainer_state.json").write_text("{")
+    with pytest.raises(ValueError):
         _ner(token_example, converted_dir, fixtures_root, output, "--overwrite_output_dir", "--resume_from_checkpoint",
-             str(empty))
+             str(broken))
     assert (output / "model.safetensors").read_bytes() == first_weights
-    empty.rmdir()
+    shutil.rmtree(broken)
     _ner(token_example, converted_dir, fixtures_root, output, "--overwrite_output_dir", "--seed", "7",
          "--save_strategy", "no")
     assert (output / "model.safetensors").read_bytes() != first_weights
     assert not list(output.glob("checkpoint-*")) and not [p for p in os.listdir(tmp_path) if p.startswith(".")]
+
+
+def test_a_rerun_resumes_only_a_checkpoint_of_its_own_run(token_example, converted_dir, fixtures_root, conll_text,
+                                                           tmp_path, caplog):
+    output = tmp_path / "ner"
+    _ner(token_example, converted_dir, fixtures_root, output)
+    record = json.loads((output / "checkpoint-2" / "hf_elmo_run.json").read_text())
+    assert record["data"]["train_file"] == {"file": "conll2003.txt", "bytes": len(conll_text.encode()),
+                                            "sha256": hashlib.sha256(conll_text.encode()).hexdigest()}
+    assert "test_file" not in record["data"]  # what is scored at the end does not shape the run
+    assert record["labels"] == ["O", "I-LOC", "I-ORG", "I-PER"] and record["training"]["seed"] == 42
+    before = {p: p.read_bytes() for p in output.rglob("*") if p.is_file()}
+
+    # Other data with the same number of labels: it resumed the old run at its last step and saved the old model
+    # under the new labels. Now one line names what differs, and the folder is as it was.
+    other = tmp_path / "other.conll"
+    other.write_text(conll_text.replace("Ekeus", "Blix"), encoding="utf-8")
+    digests = [hashlib.sha256(text.encode()).hexdigest()[:12] for text in (conll_text, other.read_text())]
+    with pytest.raises(FileExistsError) as error:
+        _ner(token_example, converted_dir, fixtures_root, output, "--train_file", str(other))
+    assert str(error.value) == (
+        f"{output / 'checkpoint-2'} is a checkpoint of another run (data.train_file.bytes: 286 then, 285 now; "
+        "data.train_file.file: 'conll2003.txt' then, 'other.conll' now; data.train_file.sha256: "
+        f"{digests[0]}… then, {digests[1]}… now); resuming it would "
+        "continue that run, and nothing was touched. Pass --overwrite_output_dir to start afresh (the folder is "
+        "replaced when this run has finished), or choose another --output_dir.")
+    with pytest.raises(FileExistsError, match=r"\(training\.learning_rate: 0\.01 then, 0\.5 now\)"):
+        _ner(token_example, converted_dir, fixtures_root, output, "--learning_rate", "0.5")
+    with pytest.raises(FileExistsError, match=r"\(labels\.1: 'I-LOC' then, 'I-PER' now; labels\.3: 'I-PER' then"):
+        _ner(token_example, converted_dir, fixtures_root, output, "--label_list", "O", "I-PER", "I-ORG", "I-LOC")
+    # A checkpoint named on the command line must be this run's too.
+    with pytest.raises(FileExistsError, match="; resuming it would continue that run, and nothing was touched. Resume "
+                       "only a checkpoint of this run, or leave --resume_from_checkpoint out."):
+        _ner(token_example, converted_dir, fixtures_root, tmp_path / "new", "--train_file", str(other),
+             "--resume_from_checkpoint", str(output / "checkpoint-2"))
+    assert not (tmp_path / "new").exists()
+
+    # A checkpoint-N of the user's (no record): never taken for the Trainer's, never removed.
+    users = output / "checkpoint-5"
+    users.mkdir()
+    (users / "model.ckpt").write_bytes(b"mine")
+    with pytest.raises(FileExistsError, match=f"^{users} is not a checkpoint of this script's runs"):
+        _ner(token_example, converted_dir, fixtures_root, output)
+    assert (users / "model.ckpt").read_bytes() == b"mine"
+    shutil.rmtree(users)
+    assert {p: p.read_bytes() for p in output.rglob("*") if p.is_file()} == before
+
+    # A checkpoint of this run that a kill cut short (its record written, trainer_state.json not): skipped with a line
+    # naming it, the complete one resumed, and the short one left (this run did not make it).
+    short = output / "checkpoint-3"
+    shutil.copytree(output / "checkpoint-2", short)
+    (short / "trainer_state.json").unlink()
+    with caplog.at_level("INFO"):
+        _ner(token_example, converted_dir, fixtures_root, output)
+    assert f"Skipping {short}: incomplete (a run stopped while writing it)" in caplog.text
+    assert f"Checkpoint found: resuming from {output / 'checkpoint-2'}" in caplog.text
+    assert short.is_dir()
+
+
+def test_output_folder_removes_only_what_the_failed_run_created(token_example, tmp_path):
+    cli = load_example("finetuning_cli")
+    record = {"data": {"train_file": {"file": "a.conll", "bytes": 1, "sha256": "0" * 64}}}
+    output = tmp_path / "out"
+    theirs = output / "checkpoint-4"  # a checkpoint of this run that an earlier kill cut short
+    theirs.mkdir(parents=True)
+    (theirs / "hf_elmo_run.json").write_text(json.dumps(record))
+
+    def fails(folder):
+        for step in (6, 8):
+            os.makedirs(os.path.join(folder, f"checkpoint-{step}"))
+            (Path(folder) / f"checkpoint-{step}" / "hf_elmo_run.json").write_text(json.dumps(record))
+        (Path(folder) / "checkpoint-6" / "model.safetensors").write_bytes(b"")
+        (Path(folder) / "checkpoint-6" / "trainer_state.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    folder = cli.OutputFolder(str(output), overwrite=False, inputs=[], record=record)
+    assert folder.resume_from is None and (tmp_path / ".out.lock").read_text() == f"pid {os.getpid()}\n"
+    # A second run on the same folder meanwhile: one line, nothing touched.
+    with pytest.raises(FileExistsError, match=f"^{output} is being written by another fine-tuning run \\(pid "
+                       f"{os.getpid()}\\); nothing was touched. Wait for that run to end, or choose another "
+                       "--output_dir.$"):
+        cli.OutputFolder(str(output), overwrite=False, inputs=[], record=record)
+    with pytest.raises(KeyboardInterrupt):
+        folder.run(fails)
+    folder.release()
+    # checkpoint-8 (this run's, cut short) went; the complete checkpoint-6 and the earlier run's checkpoint-4 stay.
+    assert sorted(os.listdir(output)) == ["checkpoint-4", "checkpoint-6"] and not (tmp_path / ".out.lock").exists()
+    # A folder this run created, with no complete checkpoint in the end, goes whole.
+    new = tmp_path / "new"
+    folder = cli.OutputFolder(str(new), overwrite=False, inputs=[], record=record)
+    with pytest.raises(ZeroDivisionError):
+        folder.run(lambda path: (os.makedirs(os.path.join(path, "checkpoint-2")), 1 / 0))
+    folder.release()
+    assert not new.exists()
 
 
 # ---------------------------------------------------------------------------------------------
