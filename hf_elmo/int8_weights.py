@@ -86,6 +86,22 @@ def _scaled_into(out: torch.Tensor, product: torch.Tensor, scale: torch.Tensor, 
     return out if add is None else out.add_(add)
 
 
+def quantized_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    `(weight_int8, scale)`: each row of `weight` rounded to the nearest multiple of its scale, the bf16 number
+    nearest `max |w| / 127`. bf16 is within 2^-8 of it, so the row's largest value is 127 scales to within half a
+    level (126.51 to 127.49): it rounds to 127 and no value is clipped. That also makes quantizing idempotent: the
+    values `weight_int8 * scale` stand for (exact in fp32) quantize to these same int8 values and scales, which is
+    how a model with int8 weights saves and loads (`Int8Linear`'s state dict).
+    """
+    weight = weight.detach().float()
+    largest = weight.abs().amax(dim=1)
+    # An all-zero row gets scale 1 (its int8 row is zero whatever the scale).
+    scale = torch.where(largest > 0, largest / INT8_LEVELS, torch.ones_like(largest)).to(torch.bfloat16)
+    weight_int8 = torch.round(weight / scale.float()[:, None]).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
+    return weight_int8, scale
+
+
 class Int8Linear(nn.Module):
     """
     `nn.Linear`'s function with an int8 weight `(out_features, in_features)` and a bf16 scale per output row
@@ -110,23 +126,42 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
-        """
-        `linear`'s weight rounded per output row to int8 (its bias kept in fp32): each value to the nearest multiple
-        of its row's scale, the smallest bf16 number at least `max |w| / 127` (so that no value needs clipping).
-        """
-        weight = linear.weight.detach().float()
-        largest = weight.abs().amax(dim=1)
-        # An all-zero row gets scale 1 (its int8 row is zero whatever the scale).
-        exact = torch.where(largest > 0, largest / INT8_LEVELS, torch.ones_like(largest))
-        scale = exact.to(torch.bfloat16)
-        scale = torch.where(scale.float() < exact, torch.nextafter(scale, torch.full_like(scale, torch.inf)), scale)
-        weight_int8 = torch.round(weight / scale.float()[:, None]).clamp_(-INT8_LEVELS, INT8_LEVELS).to(torch.int8)
+        """`linear`'s weight rounded per output row to int8 (`quantized_rows`), its bias kept in fp32."""
         bias = None if linear.bias is None else linear.bias.detach().float()
-        return cls(weight_int8, scale, bias, getattr(linear, "bilm_tf_variable", None))
+        return cls(*quantized_rows(linear.weight), bias, getattr(linear, "bilm_tf_variable", None))
 
     def dequantized_weight(self) -> torch.Tensor:
-        """The fp32 weight these int8 values stand for (for tests and error bounds; never used to compute)."""
+        """The fp32 weight these int8 values stand for (what the state dict holds; never used to compute)."""
         return self.weight_int8[:, : self.in_features].float() * self.weight_scale.float()[:, None]
+
+    # The state dict holds `nn.Linear`'s entries, the weight as the fp32 values the int8 ones stand for, so that a
+    # model with int8 weights saves (a Trainer checkpoint of a head over a frozen int8 biLM included) as a folder of
+    # fp32 weights. Quantizing them gives back these int8 values and scales bit for bit: int8 times a bf16 scale is
+    # exact in fp32, and each row's largest value is 127 of its scale. Loading quantizes the weight it is given.
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.dequantized_weight()
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        names = ("weight",) if self.bias is None else ("weight", "bias")
+        missing_keys.extend(prefix + name for name in names if prefix + name not in state_dict)
+        if strict:
+            unexpected_keys.extend(key for key in state_dict if key.startswith(prefix)
+                                   and "." not in key[len(prefix):] and key[len(prefix):] not in names)
+        shape = (self.out_features, self.in_features)
+        weight, bias = state_dict.get(prefix + "weight"), state_dict.get(prefix + "bias")
+        with torch.no_grad():
+            if weight is not None and tuple(weight.shape) != shape:
+                error_msgs.append(f"size mismatch for {prefix}weight: copying a param with shape "
+                                  f"{tuple(weight.shape)}, the model has {shape}.")
+            elif weight is not None:
+                values, scale = quantized_rows(weight)
+                self.weight_int8[:, : self.in_features].copy_(values)
+                self.weight_scale.copy_(scale)
+            if self.bias is not None and bias is not None:
+                self.bias.copy_(bias)
 
     def widened_weight(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The int8 values as bf16 `(out_features, in_features)` (exact), into `out` when given."""

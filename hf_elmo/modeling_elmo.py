@@ -359,8 +359,9 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
         projection maps) as int8 with one scale per output channel, in place, for CPU inference: a quarter of their
         memory, and faster for large models: about 1.5x fp32 for "original" where the CPU has bf16 dot products
         (`int8_weights.py`, README "int8 weights"; `HF_ELMO_INT8_KERNEL` picks the kernel). The model is put in eval
-        mode and its biLM frozen; the biLM then runs only on the "cpu" implementation and cannot be trained, and the
-        model is not saved (`save_pretrained` refuses). Also `from_pretrained(..., int8_weights=True)`.
+        mode and its biLM frozen; the biLM then runs only on the "cpu" implementation and cannot be trained. Saved, it
+        holds the fp32 values the int8 ones stand for (`save_pretrained`). Also `from_pretrained(...,
+        int8_weights=True)`.
         """
         check_int8_cpu()
         if any(p.device.type != "cpu" for p in self.parameters()):
@@ -385,13 +386,11 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
         return holds_int8_weights(self)
 
     def save_pretrained(self, *args, **kwargs):
-        """`PreTrainedModel.save_pretrained`; a model with int8 weights is refused (they are made at load time)."""
+        """`PreTrainedModel.save_pretrained`. A model with int8 weights is saved as the fp32 values they stand for
+        (`Int8Linear`'s state dict): `from_pretrained(..., int8_weights=True)` gives back the same int8 model."""
         if self.has_int8_weights:
-            raise ValueError(
-                "This model holds int8 weights, which are not saved: they are made from the fp32 weights at load "
-                "time. Save the model loaded without int8_weights, and load it with from_pretrained(..., "
-                "int8_weights=True)."
-            )
+            logger.info("Saving the int8 weights as the fp32 values they stand for (not the fp32 weights they were "
+                        "made from): load the folder with int8_weights=True to get this same model back")
         return super().save_pretrained(*args, **kwargs)
 
     def post_init(self):

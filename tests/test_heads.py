@@ -274,6 +274,35 @@ def test_checkpoint_and_resume_reproduce_the_uninterrupted_run(converted_dir, to
         assert torch.equal(a, b), name
 
 
+def test_a_head_over_an_int8_bilm_checkpoints_and_resumes_with_the_trainer(converted_dir, tokenizer, conll, tmp_path):
+    # The Trainer died at its first checkpoint (int8 weights were not saved), leaving an empty checkpoint-2/.
+    sentences, id2label = conll
+    features = token_features(tokenizer, sentences, id2label) * 2
+    collator = DataCollatorForTokenClassification(tokenizer)
+
+    def run(output, resume=None):
+        model = token_head(converted_dir, id2label, int8_weights=True)
+        args = training_args(tmp_path / output, max_steps=4, save_strategy="steps", save_steps=2)
+        Trainer(model=model, args=args, train_dataset=features, data_collator=collator).train(
+            resume_from_checkpoint=resume)
+        return model
+
+    full = run("full")
+    resumed = run("resumed", resume=str(tmp_path / "full" / "trainer" / "checkpoint-2"))
+    for (name, a), b in zip(full.named_parameters(), resumed.parameters()):
+        assert torch.equal(a, b), name
+    # The checkpoint holds the fp32 values the int8 weights stand for: loaded with int8_weights=True it is the same
+    # model, int8 values and scales included, bit for bit.
+    loaded = AutoModelForTokenClassification.from_pretrained(tmp_path / "full" / "trainer" / "checkpoint-4",
+                                                             int8_weights=True)
+    assert loaded.elmo.has_int8_weights
+    expected = dict(full.named_buffers())
+    for name, buffer in loaded.named_buffers():
+        assert torch.equal(buffer, expected[name]), name
+    for (name, a), b in zip(full.named_parameters(), loaded.parameters()):
+        assert torch.equal(a, b), name
+
+
 # ---------------------------------------------------------------------------------------------
 # Sequence classification
 # ---------------------------------------------------------------------------------------------

@@ -52,13 +52,18 @@ def test_a_weight_is_rounded_to_half_a_level_of_its_row():
         # Values on the levels of scale 2^-8 (exact in bf16), the largest 127 levels: reproduced exactly.
         linear.weight[5] = torch.tensor([-127.0, 127.0, *range(-19, 19)]) * 2.0**-8
     int8 = Int8Linear.from_linear(linear)
-    # Each row's scale is the smallest bf16 number at least max |w| / 127, so no value is clipped.
+    # Each row's scale is the bf16 number nearest max |w| / 127: the largest value is 127 levels, none clipped.
     exact = linear.weight.abs().amax(dim=1) / INT8_LEVELS
     scale = int8.weight_scale.float()
     assert int8.weight_scale.dtype == torch.bfloat16
     rows = exact > 0
-    assert bool(((scale[rows] >= exact[rows]) & (scale[rows] <= exact[rows] * (1 + 2.0**-7))).all())
+    assert bool(((scale[rows] / exact[rows] - 1).abs() <= 2.0**-8).all())
+    assert int8.weight_int8.abs().amax(dim=1)[rows].tolist() == [INT8_LEVELS] * int(rows.sum())
     assert scale[5] == 2.0**-8
+    # Quantizing the values the int8 ones stand for gives them back, scales included (how they are saved).
+    again = Int8Linear.from_linear(nn.Linear(40, 24).requires_grad_(False))
+    again.load_state_dict(int8.state_dict())
+    assert torch.equal(again.weight_int8, int8.weight_int8) and torch.equal(again.weight_scale, int8.weight_scale)
     error = (int8.dequantized_weight() - linear.weight).abs()
     assert bool((error <= scale[:, None] / 2 * (1 + 1e-6)).all())
     assert int8.weight_int8.dtype == torch.int8 and int8.weight_int8.abs().max() <= INT8_LEVELS
@@ -185,11 +190,25 @@ def test_int8_vectors_do_not_depend_on_batch_or_padding(converted_dir, kernel):
     assert (alone[:, 0] - mixed[:, 2, : len(target)]).abs().max() <= 1e-6
 
 
-def test_a_model_with_int8_weights_refuses_to_be_saved(converted_dir, tmp_path):
+def test_a_model_with_int8_weights_saves_the_values_they_stand_for(converted_dir, fixture_batch, tmp_path):
     model = ElmoModel.from_pretrained(converted_dir, int8_weights=True)
-    with pytest.raises(ValueError, match="int8 weights, which are not saved: they are made from the fp32 weights"):
-        model.save_pretrained(tmp_path / "int8")
-    assert not (tmp_path / "int8").exists()
+    fp32 = ElmoModel.from_pretrained(converted_dir)
+    state = model.state_dict()
+    assert set(state) == set(fp32.state_dict()) and all(v.dtype == torch.float32 for v in state.values())
+    model.save_pretrained(tmp_path / "int8")
+    again = ElmoModel.from_pretrained(tmp_path / "int8", int8_weights=True)
+    buffers = dict(model.named_buffers())
+    for name, buffer in again.named_buffers():
+        assert torch.equal(buffer, buffers[name]), name
+    with torch.no_grad():
+        assert torch.equal(again(**fixture_batch).last_hidden_state, model(**fixture_batch).last_hidden_state)
+    # Loading quantizes what it is given, and a weight of the wrong shape is an error naming it.
+    linear = model.bilstm.forward_layers[0].input_proj
+    prefix = "bilstm.forward_layers.0.input_proj."
+    model.load_state_dict(fp32.state_dict())
+    assert torch.equal(linear.weight_int8, Int8Linear.from_linear(fp32.bilstm.forward_layers[0].input_proj).weight_int8)
+    with pytest.raises(RuntimeError, match=f"size mismatch for {re.escape(prefix)}weight: copying a param with shape"):
+        model.load_state_dict({**state, prefix + "weight": state[prefix + "weight"][:, 1:]})
 
 
 def test_bad_uses_of_int8_weights_get_one_clear_error(converted_dir, fixture_batch):
