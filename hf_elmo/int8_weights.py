@@ -6,21 +6,27 @@ still being read). At batch 32 most steps are bound by arithmetic instead, and t
 below. A product rounds its input columns to bf16, sums the int8 values times them in fp32, rounds each sum to
 bf16 once, and multiplies it by its row's scale in fp32 (exact: both are bf16). Two of torch's own kernels compute
 the sums; a process runs every product on one of them (`product_kernel`), so that a sentence's vectors do not
-depend on its batch:
+depend on its batch. Which one is measured, as the "cpu" path's fp32 products are (`cpu_tuning`): when the
+process first quantizes a model, both kernels and the fp32 product are timed on its largest map
+(`measure_kernels`), the faster kernel is kept, and where neither beats fp32 a warning says so (int8 then saves
+memory, not time). Which wins depends on the CPU, not on whether it has bf16 instructions alone: on a Zen 4
+"bf16-dot" ran "original" at 1.5x fp32; on an Intel Xeon with AMX it ran at 0.67x.
 
-- "bf16-dot", on a CPU with bf16 dot-product instructions (AVX512-BF16 or AMX): the int8 values are widened to
-  bf16, which holds every integer up to 256 exactly, and multiplied by oneDNN's bf16 matmul (`torch.mm`), two
-  multiply-adds where fp32 does one. Measured on a Zen 4 core, 390 GFLOP/s at 32 columns, against 145 for
-  "int8-pack" and 115 for MKL's fp32 sgemm on the same shape (benchmarks/README.md). The recurrence widens each
-  direction's weights once, into buffers it reuses for every step (`RecurrenceProducts`); other products widen a
-  block of rows at a time.
-- "int8-pack" elsewhere: torch's int8 weight-only kernel (`aten._weight_int8pack_mm`, the kernel torchao's int8
-  weight-only mode calls on a CPU), which widens to fp32 inside; vectorised for AVX2 and AVX-512, and only for bf16
+- "bf16-dot": the int8 values are widened to bf16, which holds every integer up to 256 exactly, and multiplied by
+  oneDNN's bf16 matmul (`torch.mm`), which on a CPU with bf16 dot-product instructions (AVX512-BF16 or AMX) does
+  two multiply-adds where fp32 does one, and elsewhere is emulated. Measured on a Zen 4 core, 390 GFLOP/s at 32
+  columns, against 145 for "int8-pack" and 115 for MKL's fp32 sgemm on the same shape (benchmarks/README.md). The
+  recurrence widens each direction's weights once, into buffers it reuses for every step (`RecurrenceProducts`);
+  other products widen a block of rows at a time.
+- "int8-pack": torch's int8 weight-only kernel (`aten._weight_int8pack_mm`, the kernel torchao's int8 weight-only
+  mode calls on a CPU), which widens to fp32 inside; vectorised for AVX2 and AVX-512, and only for bf16
   activations (fp16 and fp32 activations measured 10-30x slower). It is handed scales of 1, and the scales applied
   afterwards, so that both kernels compute one function, up to the order of each sum.
 
 `HF_ELMO_INT8_KERNEL=int8-pack` (or `bf16-dot`) in the environment, read when weights are quantized, picks the
-kernel instead: for vectors that are the same on machines with and without bf16 instructions, to the last bit.
+kernel instead, with no timing: for vectors that are the same on every machine, to the last bit.
+`HF_ELMO_CPU_TUNING=fixed` skips the timing too, and takes "bf16-dot" where the CPU has bf16 dot products,
+"int8-pack" elsewhere.
 
 Both are torch's own kernels, chosen over torchao's int8 weight-only tensor subclass because the "cpu"
 implementation multiplies feature-major (`weight @ columns`, into preallocated buffers), which the subclass does
@@ -32,12 +38,17 @@ char CNN's convolutions and embeddings stay in fp32: a clip is still exact at it
 measured in benchmarks/README.md; the tests hold it to `INT8_FIXTURE_BOUND` on bilm-tf's fixture, on both kernels.
 """
 
+import logging
 import os
+import time
 
 import torch
 from torch import nn
 
-from .cpu_tuning import product_columns
+from .cpu_tuning import few_column_matmul, product_columns, tuning_is_fixed
+
+
+logger = logging.getLogger(__name__)
 
 
 # The int8 levels are -127..127 (symmetric: -128 is left out so that w and -w round alike).
@@ -64,12 +75,73 @@ def has_bf16_dot_products() -> bool:
 
 
 def product_kernel() -> str:
-    """The kernel int8 weights quantized now run on: `HF_ELMO_INT8_KERNEL` when set, else "bf16-dot" on a CPU with
-    bf16 dot products and "int8-pack" elsewhere (see the module's docstring)."""
+    """The kernel int8 weights quantized now run on: `HF_ELMO_INT8_KERNEL` when set; else the one this process
+    measured faster (`measure_kernels`, when the first model was quantized); else, before any measurement or with
+    `HF_ELMO_CPU_TUNING=fixed`, "bf16-dot" on a CPU with bf16 dot products and "int8-pack" elsewhere."""
     chosen = os.environ.get(KERNEL_VARIABLE, "").strip().lower()
     if chosen and chosen not in KERNELS:
         raise Int8CpuError(f"{KERNEL_VARIABLE}={chosen!r}: expected one of {', '.join(KERNELS)}, or unset.")
-    return chosen or ("bf16-dot" if has_bf16_dot_products() else "int8-pack")
+    if chosen:
+        return chosen
+    if _MEASURED_KERNEL and not tuning_is_fixed():
+        return _MEASURED_KERNEL[0]
+    return "bf16-dot" if has_bf16_dot_products() else "int8-pack"
+
+
+# The kernel this process measured faster, once measured (`measure_kernels`): every later product runs on it.
+_MEASURED_KERNEL: list[str] = []
+# The column counts a measurement multiplies: a recurrence's last steps, and a batch of 32 sentences.
+MEASURED_COLUMNS = (4, 32)
+
+
+def measure_kernels(weight: torch.Tensor) -> dict[str, float] | None:
+    """
+    Time both int8 kernels and the fp32 product (`cpu_tuning.few_column_matmul`, itself measured) on `weight`, a
+    model's largest linear map, as a recurrence step runs them (into a buffer, adding to what it holds; "bf16-dot"
+    on weights widened once), for `MEASURED_COLUMNS` columns, the best of three each, interleaved; keep the faster
+    int8 kernel for this process and log the seconds. Which is faster depends on the CPU: on a Zen 4 "bf16-dot"
+    ran "original" at 1.5x fp32, on an Intel Xeon with AMX it ran at 0.67x. Where neither beats fp32, a warning says
+    so. Measured once per process, and not at all when `HF_ELMO_INT8_KERNEL` or `HF_ELMO_CPU_TUNING=fixed` is set
+    (returns None).
+    """
+    if _MEASURED_KERNEL or os.environ.get(KERNEL_VARIABLE, "").strip() or tuning_is_fixed():
+        return None
+    weight = weight.detach().float()
+    values, scale = quantized_rows(weight)
+    pack = Int8Linear(values, scale, None)
+    pack.kernel = "int8-pack"
+    seconds = dict.fromkeys(("fp32", *KERNELS), 0.0)
+    with torch.no_grad():
+        for count in MEASURED_COLUMNS:
+            columns, out = weight.new_ones(weight.shape[1], count), weight.new_zeros(weight.shape[0], count)
+            widened = RecurrenceProducts(pack, count, lambda name, size, dtype=torch.float32, zeroed=False:
+                                         torch.zeros(size, dtype=dtype))
+            runs = {"fp32": lambda: few_column_matmul(weight, columns, out, out),
+                    "bf16-dot": lambda: widened.columns_product(columns, out, out),
+                    "int8-pack": lambda: pack.columns_product(columns, out, out)}
+            best = dict.fromkeys(runs, float("inf"))
+            for _ in range(3):
+                for name, run in runs.items():
+                    start = time.perf_counter()
+                    run()
+                    best[name] = min(best[name], time.perf_counter() - start)
+            for name in seconds:
+                seconds[name] += best[name]
+    kernel = faster_kernel(seconds)
+    _MEASURED_KERNEL.append(kernel)
+    shown = ", ".join(f"{name} {1e3 * value:.2f} ms" for name, value in seconds.items())
+    if seconds[kernel] >= seconds["fp32"]:
+        logger.warning("int8 weights multiply slower than fp32 on this CPU (%s, for a %s weight): they save memory "
+                       "here, not time; load the model without int8_weights for speed", shown, tuple(weight.shape))
+    else:
+        logger.info("int8 weights run on %s, measured fastest here (%s, for a %s weight)", kernel, shown,
+                    tuple(weight.shape))
+    return seconds
+
+
+def faster_kernel(seconds: dict[str, float]) -> str:
+    """The int8 kernel with the fewer of `seconds` (a tie keeps "bf16-dot", the first of `KERNELS`)."""
+    return min(KERNELS, key=seconds.get)
 
 
 def _scaled_into(out: torch.Tensor, product: torch.Tensor, scale: torch.Tensor, add: torch.Tensor | None,
@@ -259,12 +331,20 @@ def check_int8_cpu() -> None:
 
 
 def quantize_linear_maps(module: nn.Module, linear_type: type) -> None:
-    """Replace every `linear_type` submodule of `module` by its `Int8Linear`."""
+    """Replace every `linear_type` submodule of `module` by its `Int8Linear`, on the kernel this process measured
+    faster on the largest of them (`measure_kernels`)."""
+    linears = [child for child in module.modules() if isinstance(child, linear_type)]
+    if linears:
+        measure_kernels(max(linears, key=lambda linear: linear.weight.numel()).weight)
+    _replace_linear_maps(module, linear_type)
+
+
+def _replace_linear_maps(module: nn.Module, linear_type: type) -> None:
     for name, child in list(module.named_children()):
         if isinstance(child, linear_type):
             setattr(module, name, Int8Linear.from_linear(child))
         else:
-            quantize_linear_maps(child, linear_type)
+            _replace_linear_maps(child, linear_type)
 
 
 def holds_int8_weights(module: nn.Module) -> bool:

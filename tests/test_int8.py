@@ -127,6 +127,34 @@ def test_an_unknown_kernel_is_one_clear_error(converted_dir, elmo_fixture, monke
     assert not (tmp_path / "out.hdf5").exists()
 
 
+def test_the_kernel_is_the_one_measured_faster_on_this_cpu(converted_dir, monkeypatch, caplog):
+    from hf_elmo import int8_weights
+
+    assert int8_weights.faster_kernel({"fp32": 1.0, "bf16-dot": 2.0, "int8-pack": 1.5}) == "int8-pack"
+    assert int8_weights.faster_kernel({"fp32": 1.0, "bf16-dot": 0.5, "int8-pack": 0.5}) == "bf16-dot"
+    monkeypatch.delenv("HF_ELMO_INT8_KERNEL", raising=False)
+    monkeypatch.delenv("HF_ELMO_CPU_TUNING", raising=False)
+    monkeypatch.setattr(int8_weights, "_MEASURED_KERNEL", [])
+    with caplog.at_level("INFO", logger="hf_elmo.int8_weights"):
+        model = ElmoModel.from_pretrained(converted_dir, int8_weights=True)
+    # One line with the three timings on the largest map; the warning exactly when no int8 kernel beat fp32.
+    lines = [r for r in caplog.records if r.name == "hf_elmo.int8_weights"]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    seconds = dict(re.findall(r"(fp32|bf16-dot|int8-pack) ([\d.]+) ms", lines[0].getMessage()))
+    assert sorted(seconds) == ["bf16-dot", "fp32", "int8-pack"]
+    kernel = min(KERNELS, key=lambda name: float(seconds[name]))
+    assert {linear.kernel for linear in model.modules() if isinstance(linear, Int8Linear)} == {kernel}
+    slower = float(seconds[kernel]) >= float(seconds["fp32"])
+    assert (lines[0].levelname == "WARNING") == slower
+    assert ("slower than fp32 on this CPU" in lines[0].getMessage()) == slower
+    # Measured once per process; not at all where the kernel is named, or the tuning fixed.
+    assert int8_weights.measure_kernels(torch.ones(8, 8)) is None and int8_weights.product_kernel() == kernel
+    monkeypatch.setattr(int8_weights, "_MEASURED_KERNEL", [])
+    monkeypatch.setenv("HF_ELMO_CPU_TUNING", "fixed")
+    assert int8_weights.measure_kernels(torch.ones(8, 8)) is None
+    assert int8_weights.product_kernel() == ("bf16-dot" if int8_weights.has_bf16_dot_products() else "int8-pack")
+
+
 def test_bf16_dot_rounds_column_counts_to_a_few_sizes_never_one():
     assert [product_columns(n) for n in range(0, 12)] == [0, 2, 2, 4, 4, 8, 8, 8, 8, 16, 16, 16]
     assert [product_columns(n) for n in (17, 24, 25, 32, 33, 64, 65, 129, 256)] == [24, 24, 32, 32, 64, 64, 128, 256, 256]
