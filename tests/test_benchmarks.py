@@ -235,6 +235,7 @@ def test_gpu_report_names_a_synchronising_call_by_its_python_call_site():
 def test_bench_inference_with_int8_weights_is_checked_against_the_fp32_model(tmp_path):
     result = run_bench(tmp_path, "--load", "converted", "--int8")
     assert result["int8_weights"] is True and result["tokens_per_s"] > 0
+    assert result["int8_kernel"] in ("bf16-dot", "int8-pack")
     # Against the fp32 model's reference implementation: int8 changes the outputs, within int8's error.
     assert 1e-4 < result["max_abs_diff_vs_reference"] < 0.1
 
