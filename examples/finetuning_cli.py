@@ -269,7 +269,8 @@ def run_record(model_args, data_args, training_args, id2label: dict, load_option
     """
     What this run is, as its checkpoints record it: the model (its config and weights by SHA-256, and the head's
     options), the training and validation data (each file by name, size and SHA-256, and the options that select
-    from it), the labels in id order and the training arguments that shape the run. A checkpoint is resumed only when its record is this.
+    from it), the labels in id order and the training arguments that shape the run. A checkpoint is resumed only
+    when its record is this.
     """
     from dataclasses import asdict
 

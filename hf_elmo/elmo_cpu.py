@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from .cpu_tuning import few_column_matmul, step_columns
-from .elmo_implementations import ElmoImplementation
+from .elmo_implementations import ElmoImplementation, register
 from .elmo_ops import (
     batched_bilstm,
     clip,
@@ -459,3 +459,4 @@ def _step(layer, cell, hidden, gates, new_cell, new_hidden, step_products=None):
 
 
 CPU_IMPLEMENTATION = ElmoImplementation(bilstm=bilstm, token_vectors=token_vectors)
+register("cpu", CPU_IMPLEMENTATION)

@@ -8,8 +8,9 @@ hold every implementation to "reference", the modules' own plain computation. Bu
 - "cpu" (`elmo_cpu.py`): each distinct word once, a packed in-place recurrence for inference;
 - "cuda" (`elmo_cuda.py`): static shapes and no host syncs, a fused recurrence with a hand-written backward.
 
-`modeling_elmo` registers the three. This module imports none of them, nor the model; `ElmoConfig` validates names
-against it.
+`modeling_elmo` registers "reference", and `elmo_cpu` and `elmo_cuda` register themselves (the model imports them
+only where hf_elmo is installed, not in a saved folder's copy). This module imports none of them, nor the model;
+`ElmoConfig` validates names against it.
 """
 
 from collections.abc import Callable
@@ -68,5 +69,13 @@ def implementation_name(configured: str | None, device: torch.device) -> str:
 
 
 def elmo_implementation_for(config, device: torch.device) -> ElmoImplementation:
-    """The implementation that computes a model with `config` (its `elmo_implementation`) on `device`."""
-    return ELMO_IMPLEMENTATIONS[implementation_name(config.elmo_implementation, device)]
+    """The implementation that computes a model with `config` (its `elmo_implementation`) on `device`. Where the
+    rule's choice is not registered (a saved folder's copy of the model, loaded with trust_remote_code=True, has
+    "reference" only: the others come with `pip install hf-elmo`), "reference" unless the config names it."""
+    name = implementation_name(config.elmo_implementation, device)
+    if name in ELMO_IMPLEMENTATIONS:
+        return ELMO_IMPLEMENTATIONS[name]
+    if config.elmo_implementation is None:
+        return ELMO_IMPLEMENTATIONS["reference"]
+    raise ValueError(f"elmo_implementation {name!r} is not available here: the 'cpu' and 'cuda' implementations "
+                     "come with the hf_elmo package (`pip install hf-elmo`, then `import hf_elmo`).")

@@ -12,6 +12,7 @@ LSTM step, clipping, the forget-bias fold, reversal, layer stacking, the output 
 """
 
 import contextlib
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,8 +26,6 @@ from transformers.utils import ModelOutput, logging
 from transformers.utils.generic import can_return_tuple
 
 from .configuration_elmo import BEGIN_SENTENCE_WORD, END_SENTENCE_WORD, N_CHARACTERS, ElmoConfig, word_to_char_ids
-from .elmo_cpu import CPU_IMPLEMENTATION
-from .elmo_cuda import CUDA_IMPLEMENTATION
 from .elmo_hub import ElmoHubMixin
 from .elmo_implementations import ELMO_IMPLEMENTATIONS, ElmoImplementation, elmo_implementation_for, register
 from .elmo_ops import (
@@ -40,11 +39,37 @@ from .elmo_ops import (
     reverse_within_lengths,
     stack_layers,
 )
-from .int8_weights import check_int8_cpu, holds_int8_weights, quantize_linear_maps
-from .log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
-from .sampled_softmax import SampledSoftmaxLoss
-from .token_cache import ElmoTokenCache
 from .weight_checks import from_pretrained_checked
+
+
+def package_module(name: str):
+    """
+    The module `name` of the package this file is in (hf_elmo, or the copy `benchmarks/ab_cpu_implementation.py`
+    loads), or None where it lacks it: a saved folder's copy of this file, loaded with trust_remote_code=True.
+    Transformers copies into a saved folder only the files that relative `import` statements reach, so that a folder
+    ships what loading and the reference computation need; the modules imported this way come with `pip install
+    hf-elmo`. (tests/test_import_graph.py counts these imports as the others.)
+    """
+    try:
+        return importlib.import_module(f".{name}", __package__)
+    except ModuleNotFoundError:
+        return None
+
+
+# For speed, int8 inference and the sampled softmax; without them (a saved folder's copy) the model computes with the
+# "reference" implementation, and each of the others is one line (`require_hf_elmo`).
+package_module("elmo_cpu"), package_module("elmo_cuda")  # each registers its implementation
+int8_weights = package_module("int8_weights")
+log_uniform_sampler = package_module("log_uniform_sampler")
+sampled_softmax = package_module("sampled_softmax")
+token_cache_module = package_module("token_cache")
+
+
+def require_hf_elmo(feature: str, present) -> None:
+    """One line where a feature that comes with `pip install hf-elmo` is asked of a copy that lacks it."""
+    if present is None:
+        raise ImportError(f"{feature}: part of the hf_elmo package, not of a saved folder's code. `pip install "
+                          "hf-elmo`, then load the model after `import hf_elmo` and without trust_remote_code.")
 
 
 logger = logging.get_logger(__name__)
@@ -113,7 +138,7 @@ def check_int8_run(module: nn.Module, implementation: ElmoImplementation, dropou
     int8 weights (`ElmoPreTrainedModel.quantize_int8`) are for CPU inference: they run on the "cpu" implementation,
     with no weight of `module` trainable and no LSTM dropout. Anything else fails here with one line, before any work.
     """
-    if not holds_int8_weights(module):
+    if int8_weights is None or not int8_weights.holds_int8_weights(module):
         return
     # The parameters (char embeddings, convolutions, biases) stay fp32 beside the int8 maps; the maps' own buffers
     # may hold bf16 copies by design (the bf16-dot kernel).
@@ -124,7 +149,7 @@ def check_int8_run(module: nn.Module, implementation: ElmoImplementation, dropou
             "Keep it in fp32 (int8 already takes the place of bf16), or load the model without int8_weights to run "
             "it in bf16."
         )
-    if implementation is not ELMO_IMPLEMENTATIONS["cpu"]:
+    if implementation is not ELMO_IMPLEMENTATIONS.get("cpu"):
         name = next(name for name, value in ELMO_IMPLEMENTATIONS.items() if value is implementation)
         raise ValueError(
             f"This model holds int8 weights, which run on the 'cpu' implementation only (inputs on the CPU, "
@@ -190,7 +215,8 @@ class ElmoCharacterEncoder(nn.Module):
         Memoise token vectors of up to `max_words` words (LRU) across calls, for CPU inference on fixed weights
         (the "cpu" implementation uses it; the others compute every word).
         """
-        self.token_cache = ElmoTokenCache(max_words)
+        require_hf_elmo("the token cache", token_cache_module)
+        self.token_cache = token_cache_module.ElmoTokenCache(max_words)
 
     def disable_token_cache(self):
         self.token_cache = None
@@ -319,10 +345,9 @@ class ElmoBiLstm(nn.Module):
         return implementation.bilstm(self, tokens, mask, state, output_layers, words_only, dropout_masks)
 
 
-# The three built-in implementations; `elmo_implementations.register` adds others.
+# The specification; "cpu" and "cuda" register themselves (`elmo_cpu.py`, `elmo_cuda.py`), and
+# `elmo_implementations.register` adds others.
 register("reference", ElmoImplementation(bilstm=bilstm_reference, token_vectors=char_encoder_reference))
-register("cpu", CPU_IMPLEMENTATION)
-register("cuda", CUDA_IMPLEMENTATION)
 
 
 class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
@@ -363,12 +388,13 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
         holds the fp32 values the int8 ones stand for (`save_pretrained`). Also `from_pretrained(...,
         int8_weights=True)`.
         """
-        check_int8_cpu()
+        require_hf_elmo("int8 weights", int8_weights)
+        int8_weights.check_int8_cpu()
         if any(p.device.type != "cpu" for p in self.parameters()):
             raise ValueError("quantize_int8() works on a model on the CPU (int8 weights are for CPU inference).")
         if any(p.dtype != torch.float32 for p in self.parameters()):
             raise ValueError("quantize_int8() works on an fp32 model: load it without torch_dtype.")
-        quantize_linear_maps(self, ElmoLinear)
+        int8_weights.quantize_linear_maps(self, ElmoLinear)
         # Loaded weights may be views of the memory-mapped checkpoint, which stays mapped (and resident, once read
         # to be quantized) while any of them lives: the weights left in fp32 get memory of their own.
         for parameter in self.parameters():
@@ -383,7 +409,7 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
 
     @property
     def has_int8_weights(self) -> bool:
-        return holds_int8_weights(self)
+        return int8_weights is not None and int8_weights.holds_int8_weights(self)
 
     def save_pretrained(self, *args, **kwargs):
         """`PreTrainedModel.save_pretrained`. A model with int8 weights is saved as the fp32 values they stand for
@@ -1304,12 +1330,14 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
 
     def _sampled_softmax_losses(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Per-position losses of the sampled softmax (0 where the target is -100)."""
+        require_hf_elmo("the sampled softmax", sampled_softmax)
         vocab_size, num_samples = self.config.vocab_size, self.config.num_softmax_samples
-        candidates, num_tries = sample_log_uniform_candidates(num_samples, vocab_size, device=targets.device)
+        sampler = log_uniform_sampler
+        candidates, num_tries = sampler.sample_log_uniform_candidates(num_samples, vocab_size, device=targets.device)
         keep = targets != -100
         targets = targets.clamp(min=0)  # ignored positions compute something finite, then count for nothing
-        log_q_sampled = log_uniform_expected_count(candidates, vocab_size, num_samples, num_tries).log()
-        log_q_true = log_uniform_expected_count(targets, vocab_size, num_samples, num_tries).log()
+        log_q_sampled = sampler.log_uniform_expected_count(candidates, vocab_size, num_samples, num_tries).log()
+        log_q_true = sampler.log_uniform_expected_count(targets, vocab_size, num_samples, num_tries).log()
         # One gather for the targets and the negatives: with sparse gradients, one sparse tensor per parameter.
         weight, bias = self.softmax.rows(torch.cat([targets, candidates]))
         true_weight, sampled_weight = weight.split([len(targets), num_samples])
@@ -1326,8 +1354,8 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         hit = sorted_candidates[slot] == targets
         hit_values = torch.where(hit, float("-inf"), 0.0)
         dtype = matmul_dtype(hidden)  # cast here: the hand-written backward multiplies in the forward's dtype
-        losses = SampledSoftmaxLoss.apply(hidden.to(dtype), sampled_weight.to(dtype), sampled_shift, true_logits,
-                                          order[slot], hit_values)
+        losses = sampled_softmax.SampledSoftmaxLoss.apply(hidden.to(dtype), sampled_weight.to(dtype), sampled_shift,
+                                                          true_logits, order[slot], hit_values)
         return losses * keep
 
     @can_return_tuple

@@ -32,6 +32,9 @@ def imported_modules(path: Path) -> set[str]:
                 found.update(alias.name for alias in node.names if (PACKAGE / f"{alias.name}.py").exists())
         elif isinstance(node, ast.Import):
             found.update(alias.name.split(".")[1] for alias in node.names if alias.name.startswith("hf_elmo."))
+        elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "package_module" and node.args
+              and isinstance(node.args[0], ast.Constant)):  # modeling_elmo's imports of what a saved folder lacks
+            found.add(node.args[0].value)
     return {name for name in found if (PACKAGE / f"{name}.py").exists()}
 
 

@@ -21,10 +21,11 @@ from remote_code import run_without_hf_elmo
 
 
 SENTENCES = ["The bank raised its rates on Monday .", "We sat on the river bank , didn't we ?"]
+# What loading and the reference computation need, and nothing else: the fast paths, int8, the token cache and the
+# sampled softmax come with `pip install hf-elmo` (they were shipped too: 18 files).
 CODE_FILES = {
-    "configuration_elmo.py", "modeling_elmo.py", "tokenization_elmo.py", "elmo_cpu.py", "elmo_cuda.py", "log_uniform_sampler.py",
-    "weight_checks.py", "vocabulary.py", "atomic_file.py", "elmo_hub.py", "elmo_presets.py", "elmo_implementations.py",
-    "elmo_ops.py", "cpu_tuning.py", "token_cache.py", "int8_weights.py", "sampled_softmax.py",
+    "configuration_elmo.py", "modeling_elmo.py", "tokenization_elmo.py", "pipeline_elmo.py", "weight_checks.py",
+    "vocabulary.py", "atomic_file.py", "elmo_hub.py", "elmo_presets.py", "elmo_implementations.py", "elmo_ops.py",
 }
 # (Auto class, model class) for every model class an ELMo folder can be loaded as.
 AUTO_MODELS = [
@@ -145,7 +146,8 @@ def model_class_of(variant: str):
 def test_saved_folder_has_code_tokenizer_and_full_auto_map(saved, variant):
     folders, _ = saved
     files = set(os.listdir(folders[variant]))
-    assert CODE_FILES | {"config.json", "model.safetensors", "tokenizer_config.json"} <= files
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= files
+    assert {name for name in files if name.endswith(".py")} == CODE_FILES
     with open(folders[variant] / "config.json") as f:
         assert json.load(f)["auto_map"] == ELMO_AUTO_MAP
     with open(folders[variant] / "tokenizer_config.json") as f:
@@ -165,5 +167,42 @@ def test_saved_folder_loads_without_hf_elmo(saved, loaded, variant):
 def test_resaved_folder_loads_without_hf_elmo(saved, loaded, variant, suffix, resaved_by):
     _, expected = saved
     _, second, roots = loaded
-    assert CODE_FILES | {"tokenizer_config.json"} <= set(os.listdir(roots[resaved_by] / f"{variant}{suffix}"))
+    files = set(os.listdir(roots[resaved_by] / f"{variant}{suffix}"))
+    assert "tokenizer_config.json" in files and {name for name in files if name.endswith(".py")} == CODE_FILES
     assert_matches(second[f"{resaved_by}/{variant}{suffix}"], *expected[variant], model_class_of(variant))
+
+
+FEATURES_SCRIPT = """
+    import json, sys
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True)
+    batch = transformers.AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)(["A b ."], return_tensors="pt")
+
+    def run_on_cpu():
+        model.set_elmo_implementation("cpu")
+        model(**batch)
+
+    report = {}
+    for name, call in (("token_cache", model.char_encoder.enable_token_cache), ("int8", model.quantize_int8),
+                       ("cpu", run_on_cpu)):
+        try:
+            call()
+            report[name] = "ran"
+        except (ImportError, ValueError) as error:
+            report[name] = f"{type(error).__name__}: {error}"
+    print(json.dumps(report))
+"""
+
+
+def test_what_comes_with_the_package_is_one_line_in_a_folders_copy(saved, tmp_path):
+    # In a process without hf_elmo, the folder's copy of the model has the reference implementation only.
+    folders, _ = saved
+    report = run_without_hf_elmo(FEATURES_SCRIPT, [str(folders["AutoModel"])], tmp_path)
+    assert report["token_cache"] == ("ImportError: the token cache: part of the hf_elmo package, not of a saved "
+                                     "folder's code. `pip install hf-elmo`, then load the model after `import "
+                                     "hf_elmo` and without trust_remote_code.")
+    assert report["int8"].startswith("ImportError: int8 weights: part of the hf_elmo package, not of a saved")
+    assert report["cpu"] == ("ValueError: elmo_implementation 'cpu' is not available here: the 'cpu' and 'cuda' "
+                             "implementations come with the hf_elmo package (`pip install hf-elmo`, then `import "
+                             "hf_elmo`).")
