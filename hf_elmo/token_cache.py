@@ -1,5 +1,6 @@
 """`ElmoTokenCache`: token-layer vectors memoised across calls, for CPU inference on fixed weights."""
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -33,7 +34,9 @@ class ElmoTokenCache:
         Token vectors of distinct `char_ids` rows from the char encoder `encoder` (an `ElmoCharacterEncoder`),
         computing only the rows not cached, with `compute(char_ids)`.
         """
-        weights_key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in encoder.parameters())
+        # Buffers too: int8 weights are buffers (`Int8Linear`), which loading a state dict writes in place.
+        weights_key = tuple((p.data_ptr(), p._version, p.dtype, p.device)
+                            for p in itertools.chain(encoder.parameters(), encoder.buffers()))
         if weights_key != self._weights_key:
             self._entries.clear()
             self._weights_key = weights_key

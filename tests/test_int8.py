@@ -239,6 +239,22 @@ def test_a_model_with_int8_weights_saves_the_values_they_stand_for(converted_dir
         model.load_state_dict({**state, prefix + "weight": state[prefix + "weight"][:, 1:]})
 
 
+def test_the_token_cache_follows_int8_weights_loaded_in_place(converted_dir, fixture_batch):
+    # Loading a state dict writes int8 weights into buffers, which the cache did not watch: it kept old vectors.
+    model = ElmoModel.from_pretrained(converted_dir, int8_weights=True)
+    model.char_encoder.enable_token_cache()
+    name = "char_encoder.highways.0.carry.weight"
+    halved = {name: model.state_dict()[name] * 0.5}
+    with torch.no_grad():
+        before = model(**fixture_batch).last_hidden_state
+        model.load_state_dict(halved, strict=False)  # the weight alone: no parameter changes
+        after = model(**fixture_batch).last_hidden_state
+        fresh = ElmoModel.from_pretrained(converted_dir, int8_weights=True)
+        fresh.load_state_dict(halved, strict=False)
+        expected = fresh(**fixture_batch).last_hidden_state
+    assert torch.equal(after, expected) and not torch.equal(after, before)
+
+
 def test_bad_uses_of_int8_weights_get_one_clear_error(converted_dir, fixture_batch):
     model = ElmoModel.from_pretrained(converted_dir, int8_weights=True)
     for name in ("reference", "cuda"):
