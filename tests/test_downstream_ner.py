@@ -69,6 +69,24 @@ def test_the_experiment_runs_end_to_end_on_slices(tmp_path, capsys):
     # The pretrained biLM is an hf-elmo pretrain folder; the heads' runs leave nothing behind.
     assert type(AutoModel.from_pretrained(output / "bilm")) is ElmoModel
     assert sorted(os.listdir(output)) == ["bilm", "results.json"]
+    # The same biLM scored on other NER data, given as files (here a slice of CoNLL-2003 written out).
+    files = {}
+    for split, path in conll2003_english().items():
+        text = path.read_text(encoding="utf-8").split("\n\n")
+        files[split] = tmp_path / f"{split}.conll"
+        files[split].write_text("\n\n".join(text[1:9]) + "\n", encoding="utf-8")  # 8 sentences after -DOCSTART-
+    assert downstream.main([
+        "--output-dir", str(tmp_path / "own-data"), "--pretrained", str(output / "bilm"), "--seeds", "1", "--epochs",
+        "1", "--head-lstm-dim", "8", "--variants", "pretrained", "--train-file", str(files["train"]), "--valid-file",
+        str(files["valid"]), "--test-file", str(files["test"]),
+    ]) == 0
+    own = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert own["task"]["data"] == {"train": "train.conll", "valid": "valid.conll", "test": "test.conll"}
+    assert own["task"]["sentences"] == {"train": 8, "valid": 8, "test": 8}
+    with pytest.raises(SystemExit) as stopped:
+        downstream.main(["--output-dir", str(tmp_path / "partial"), "--train-file", str(files["train"])])
+    assert stopped.value.code == 2 and "give all of --train-file, --valid-file and --test-file, or none" in (
+        capsys.readouterr().err)
     # A rerun does not silently replace the results.
     with pytest.raises(SystemExit) as stopped:
         downstream.main(["--output-dir", str(output), "--pretrained", str(output / "bilm")])
