@@ -49,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="held-out text (same format) for forward/backward perplexity with the full softmax.")
     data.add_argument("--pre-tokenizer", choices=("ptb", "bert", "whitespace"), default="ptb",
                       help="how lines are split into words, saved with the tokenizer so that later use splits text "
-                      "the same way (default: %(default)s; 'whitespace' for text that is already tokenised).")
+                      "the same way (default: %(default)s; 'whitespace' for text that is already tokenised). None of "
+                      "them segments Chinese, Japanese or Thai: a run of such characters between spaces is one word, "
+                      "read as its first 48 bytes. Segment such text first and use 'whitespace' (README, 'Scripts "
+                      "written without spaces').")
     data.add_argument("--max-sentence-words", type=int, default=100,
                       help="lines with more words are cut into pieces of at most this many (default: %(default)s).")
     data.add_argument("--shuffle-window", type=int, default=100_000,

@@ -467,3 +467,18 @@ def test_invisible_format_characters_separate_or_vanish_in_raw_text(style):
     given = tokenizer([["Hello\u200bworld"]], is_split_into_words=True)["input_ids"][0][0]
     assert given == tokenizer._char_row("Hello\u200bworld")
     assert char_ids_to_word(given) == "Hello\u200bworld"
+
+
+def test_scripts_without_spaces_are_not_segmented_as_the_readme_says():
+    # README "Scripts written without spaces": no pre-tokenizer segments them, and a word is read as 48 bytes.
+    from hf_elmo import ElmoTokenizer
+
+    expected = {"ptb": ["我爱北京天安门", "。"], "bert": ["我爱北京天安门", "。"], "whitespace": ["我爱北京天安门。"]}
+    for style, words in expected.items():
+        tokenizer = ElmoTokenizer(pre_tokenizer=style)
+        assert tokenizer.tokenize("我爱北京天安门。") == words
+        assert tokenizer.tokenize("ฉันรักภาษาไทยมาก") == ["ฉันรักภาษาไทยมาก"]
+    tokenizer = ElmoTokenizer()
+    long_word = "我爱北京天安门" * 3  # 21 characters, 63 bytes
+    ids = [tokenizer([text])["input_ids"] for text in (long_word, long_word[:16], long_word[:15])]
+    assert ids[0] == ids[1] != ids[2] and len(long_word[:16].encode("utf-8")) == 48
