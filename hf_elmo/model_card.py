@@ -173,6 +173,55 @@ def _per_class_rows(pipeline_tag: str, report: dict) -> dict[str, dict]:
     return report.get("classes") or {}
 
 
+# The pretraining arguments the card shows as the recipe (from the run's training_args.json).
+RECIPE_ARGUMENTS = ("optimizer", "learning_rate", "batch_size", "max_steps", "dropout", "num_softmax_samples",
+                    "max_sentence_words", "pre_tokenizer", "seed", "num_processes")
+
+
+def _pretraining_sections(pretraining: dict, plot: str | None) -> list[str]:
+    """What `hf-elmo pretrain` trained this biLM on and how (`publish.read_pretraining`'s dict)."""
+    corpus = ", ".join(f"`{name}`" for name in pretraining.get("train_files") or []) or "text files"
+    wall = pretraining.get("train_wall_s")
+    wall = None if wall is None else f"{wall / 3600:.1f} hours" if wall >= 3600 else f"{wall / 60:.1f} minutes"
+    lines = [f"Pretrained with `hf-elmo pretrain` on {corpus} for {pretraining.get('step'):,} steps, "
+             f"{pretraining.get('tokens_seen'):,} tokens seen (words and sentence ends)"
+             + (f", in {wall} of wall time (until the last logged step)" if wall else "") + "."]
+    final = pretraining.get("heldout_perplexity")
+    if final:
+        lines.append(f"Held-out perplexity on `{pretraining.get('eval_file')}` at the end: forward "
+                     f"{final['forward']:.2f}, backward {final['backward']:.2f}.")
+    recipe = pretraining.get("recipe") or {}
+    sections = ["## Pretraining", " ".join(lines)]
+    if recipe:
+        sections.append("| recipe | value |\n|---|---|\n" + "\n".join(f"| `{k}` | `{v}` |" for k, v in recipe.items()))
+    if plot:
+        sections.append(f"![Held-out perplexity during pretraining]({plot})")
+    elif pretraining.get("curve"):
+        sections.append("| step | forward perplexity | backward perplexity |\n|---|---|---|\n" + "\n".join(
+            f"| {p['step']} | {p['forward']:.2f} | {p['backward']:.2f} |" for p in pretraining["curve"]))
+    return sections
+
+
+def plot_perplexity_curve(curve: list[dict], path: str) -> None:
+    """The held-out perplexity of each direction against the step, as a PNG at `path` (needs matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(6, 3.5))
+    steps = [point["step"] for point in curve]
+    for direction in ("forward", "backward"):
+        axes.plot(steps, [point[direction] for point in curve], marker="o", label=direction)
+    axes.set_xlabel("step")
+    axes.set_ylabel("held-out perplexity")
+    axes.set_yscale("log")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    pyplot.close(figure)
+
+
 def _finetuning_sections(config: ElmoConfig, pipeline_tag: str, training: dict | None, plot: str | None) -> list[str]:
     labels = {int(i): label for i, label in (config.id2label or {}).items()}
     sections = [
@@ -262,6 +311,8 @@ def elmo_model_card(
     license: str | None = None,
     training: dict | None = None,
     layer_weights_plot: str | None = None,
+    pretraining: dict | None = None,
+    perplexity_plot: str | None = None,
 ) -> ModelCard:
     """
     Card of any ELMo folder (base model or head). `checksums` maps role -> {"file", "sha256"} of the bilm-tf
@@ -269,6 +320,8 @@ def elmo_model_card(
     snippet; `license` is a Hub licence id (default `"other"`: the released ELMo weights state no licence).
     For a fine-tuned head, `training` is the run's `metrics.json` (metrics, layer weights, and the `base_model` and
     `datasets` Hub ids when the run had them) and `layer_weights_plot` the relative path of its plot, embedded.
+    For a biLM of `hf-elmo pretrain`, `pretraining` is what the run recorded (`publish.read_pretraining`) and
+    `perplexity_plot` the relative path of its held-out perplexity curve.
     """
     architecture = architecture_of(config)
     converted = bool(checksums)
@@ -301,6 +354,9 @@ def elmo_model_card(
             **({"task": training.get("task"),
                 "layer_weights": [round(float(w), 4) for w in training.get("layer_weights") or []]}
                if is_head and training else {}),
+            **({"pretraining": {key: pretraining.get(key) for key in (
+                "train_files", "step", "tokens_seen", "train_wall_s", "heldout_perplexity")}}
+               if pretraining else {}),
         },
     )
     name = repo_id or "PATH_OR_REPO_ID"
@@ -324,6 +380,7 @@ def elmo_model_card(
         "## Usage",
         _usage(config, architecture, name, n_layers),
         *(_finetuning_sections(config, pipeline_tag, training, layer_weights_plot) if is_head else []),
+        *(_pretraining_sections(pretraining, perplexity_plot) if pretraining and not is_head else []),
         "## Outputs: the hidden-state layout",
         f"""For `W` input words, `last_hidden_state` is `(batch, W, {config.hidden_size})`: the top biLSTM layer as
 `[forward; backward]`. With `output_hidden_states=True`, `hidden_states` holds {n_layers} tensors of that shape:

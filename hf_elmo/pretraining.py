@@ -23,7 +23,9 @@ from .elmo_implementations import implementation_name
 from .pretraining_checkpoints import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
+    METRICS_FILE,
     RNG_STATE_FILE,
+    TRAINING_ARGS_FILE,
     CheckpointError,
     check_inputs_outside,
     latest_checkpoint,
@@ -45,8 +47,6 @@ from .safe_output import OutputError, OutputInUse, write_json_atomic
 # Named explicitly: under `python -m hf_elmo.pretraining` __name__ is "__main__".
 logger = logging.getLogger("hf_elmo.pretraining")
 
-# Every logged metric, one JSON object a line ({"step": N, "train/loss": ..., ...}); a resumed run appends to it.
-METRICS_FILE = "metrics.jsonl"
 # Batches for the compiled ("cuda") implementation are padded to a multiple of this many words (see
 # `padding_multiple`).
 COMPILED_LENGTH_BUCKET = 8
@@ -119,6 +119,8 @@ def run(args) -> int:
     created = not os.path.lexists(args.output_dir)
     try:
         train(args)
+        if args.push_to_hub:
+            push_to_hub(args)
     except OutputInUse:
         raise  # the folder is another run's: leave it as it is
     except OutputError as error:  # a write that failed (a full disk): say what --resume would take
@@ -128,6 +130,27 @@ def run(args) -> int:
         _remove_if_nothing_to_resume(args.output_dir, created)
         raise
     return 0
+
+
+def push_to_hub(args) -> None:
+    """The finished folder to --hub-model-id, as `hf-elmo publish` pushes it (from the main process). A failure
+    says that the local result is whole, and how to push it again."""
+    from accelerate import PartialState
+
+    from .publish import PublishError, publish
+
+    if not PartialState().is_main_process:
+        return
+    again = f"hf-elmo publish {args.output_dir} --repo-id {args.hub_model_id}" + (" --private" if args.hub_private
+                                                                                   else "")
+    try:
+        prepared, commit = publish(args.output_dir, args.hub_model_id, private=args.hub_private,
+                                   commit_message="hf-elmo pretrain: end of training")
+    except Exception as error:  # a Hub error, a timeout, a full disk while staging: the local run is unharmed
+        reason = " ".join(str(error).split()) or type(error).__name__
+        raise PublishError(f"the finished model is in {args.output_dir}, but pushing it to {args.hub_model_id} "
+                           f"failed ({reason}); push it with `{again}`.") from None
+    logger.info("Pushed %d files to %s: %s", len(prepared.files), args.hub_model_id, commit.commit_url)
 
 
 def _remove_if_nothing_to_resume(output_dir: str, created: bool) -> None:
@@ -325,6 +348,7 @@ class PretrainingRun:
         from accelerate.utils import DistributedType, ProjectConfiguration
 
         self.args = args
+        self.started = time.monotonic()  # for the wall time metrics.jsonl records
         self.accelerator = accelerator = Accelerator(
             mixed_precision=args.mixed_precision,
             gradient_accumulation_steps=args.gradient_accumulation_steps,
@@ -435,7 +459,7 @@ class PretrainingRun:
             _apply_new_learning_rate(self.scheduler, args.learning_rate)
         elif self.main_process:
             write_json_atomic(
-                os.path.join(args.output_dir, "training_args.json"),
+                os.path.join(args.output_dir, TRAINING_ARGS_FILE),
                 {**vars(args), "batching": "sentences", "num_processes": accelerator.num_processes},
             )
         self.captured_step = self._build_captured_step() if self.captured else None
@@ -501,7 +525,9 @@ class PretrainingRun:
 
             with no_room_reported(self.metrics_file, "the metrics logged before this step are kept", drop_partial_line):
                 with open(self.metrics_file, "a", encoding="utf-8") as handle:
-                    handle.write(json.dumps({"step": self.progress.step, **values}) + "\n")
+                    # wall_s: seconds since this process started (a resumed run starts again from 0).
+                    wall = round(time.monotonic() - self.started, 1)
+                    handle.write(json.dumps({"step": self.progress.step, **values, "wall_s": wall}) + "\n")
 
     def evaluate(self) -> dict:
         scores = _evaluate(self.accelerator, self.model, self.eval_batches)

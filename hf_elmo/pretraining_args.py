@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Accelerate tracker(s) for the metrics besides OUTPUT_DIR/metrics.jsonl (always written): "
                         "auto (default: tensorboard when it is installed, else none), tensorboard, wandb, ..., all, "
                         "none.")
+    hub = parser.add_argument_group("publishing the finished model (as `hf-elmo publish`, with its card)")
+    hub.add_argument("--push-to-hub", action="store_true",
+                     help="when the run has finished, push the model, tokenizer, card and held-out perplexity curve "
+                     "to --hub-model-id (needs `hf auth login` or HF_TOKEN). A failed push keeps the local result: "
+                     "`hf-elmo publish OUTPUT_DIR --repo-id ...` pushes it later.")
+    hub.add_argument("--hub-model-id", metavar="OWNER/NAME", help="the Hub repository to push to.")
+    hub.add_argument("--hub-private", action="store_true", help="create the repository private.")
     return parser
 
 
@@ -201,6 +208,31 @@ def check_args(args, parser) -> None:
     if args.training_step == "captured" and captured_step_unsupported(args):
         parser.error(f"--training-step captured does not support {captured_step_unsupported(args)}")
     check_report_to(args, parser)
+    check_hub(args, parser)
+
+
+def check_hub(args, parser) -> None:
+    """--push-to-hub can work before any training starts: a repository id, network allowed, a token (the same
+    checks as `hf-elmo publish`)."""
+    if not args.push_to_hub:
+        if args.hub_model_id or args.hub_private:
+            parser.error("--hub-model-id and --hub-private go with --push-to-hub")
+        return
+    if not args.hub_model_id:
+        parser.error("--push-to-hub needs --hub-model-id OWNER/NAME")
+    from huggingface_hub import constants, get_token
+
+    from .publish import PublishError, check_repo_id
+
+    try:
+        check_repo_id(args.hub_model_id)
+    except PublishError as error:
+        parser.error(f"--hub-model-id: {error}")
+    if constants.is_offline_mode():
+        parser.error("--push-to-hub: HF_HUB_OFFLINE=1 is set, so nothing can be pushed to the Hub; unset it or drop "
+                     "--push-to-hub")
+    if get_token() is None:
+        parser.error("--push-to-hub: not logged in to the Hugging Face Hub; run `hf auth login` or set HF_TOKEN")
 
 
 def check_report_to(args, parser) -> None:

@@ -25,6 +25,10 @@ from .safe_output import atomic_files_into, no_room_reported, remove_stale_file_
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+# Beside the checkpoints: the run's options, written when it starts, and every logged metric, one JSON object a
+# line ({"step": N, "train/loss": ..., ...}; a resumed run appends to it).
+TRAINING_ARGS_FILE = "training_args.json"
+METRICS_FILE = "metrics.jsonl"
 # The model as a Hugging Face folder (config.json, model.safetensors), the optimizer state as tensors and plain
 # values (read back with `torch.load(weights_only=True)`), and JSON files for the rest.
 OPTIMIZER_FILE = "optimizer.bin"
@@ -89,7 +93,7 @@ def prepare_output_dir(args, accelerator, lock_existed: bool = False) -> str | N
     """
     checkpoint = latest_checkpoint(args.output_dir)
     names = sorted(set(os.listdir(args.output_dir)) - {LOCK_FILE}) if os.path.isdir(args.output_dir) else []
-    earlier = [name for name in ("training_args.json", "config.json") if name in names]
+    earlier = [name for name in (TRAINING_ARGS_FILE, "config.json") if name in names]
     # An early start of ours (its lock file left by a kill) is taken over only if it holds nothing but what such a
     # start writes: anything else in the folder may be the user's.
     ours = bool(checkpoint or earlier or lock_existed and set(names) <= EARLY_FILES)

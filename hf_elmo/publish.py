@@ -28,7 +28,8 @@ from huggingface_hub.utils import validate_repo_id
 
 from . import modeling_elmo
 from .configuration_elmo import ElmoConfig
-from .model_card import elmo_model_card
+from .model_card import RECIPE_ARGUMENTS, elmo_model_card, plot_perplexity_curve
+from .pretraining_checkpoints import METRICS_FILE as PRETRAINING_METRICS, TRAINING_ARGS_FILE
 from .safe_output import is_within, no_room_error
 from .tokenization_elmo import ElmoTokenizer
 from .weight_checks import WeightCheckError
@@ -40,8 +41,11 @@ SOURCE_FILE = "bilm_tf_source.json"
 # Written by the fine-tuning examples (examples/finetuning_cli.py); the card shows them.
 METRICS_FILE = "metrics.json"
 LAYER_WEIGHTS_PLOT = "layer_weights.png"
-# Never published: Trainer/Accelerate state and weights in formats other than the re-saved safetensors.
+PERPLEXITY_PLOT = "perplexity_curve.png"
+# Never published: Trainer/Accelerate state, a pretraining run's options (they hold the user's local paths: the card
+# shows the recipe and the files' names), and weights in formats other than the re-saved safetensors.
 LEFT_OUT = (
+    TRAINING_ARGS_FILE,
     "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth", "training_args.bin", "trainer_state.json",
     "*.bin", "*.safetensors", "*.safetensors.index.json", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.hdf5", "*.msgpack",
 )
@@ -134,10 +138,49 @@ def read_run_metrics(path: str) -> dict | None:
     return None
 
 
-def folder_model_card(model_dir: str, config, repo_id: str | None = None, license: str | None = None):
+def read_pretraining(model_dir: str) -> dict | None:
     """
-    The card of an ELMo folder, from what it holds: the converter's bilm_tf_source.json and, for a fine-tuned head,
-    the run's metrics.json and layer_weights.png. `hf-elmo publish` and the fine-tuning examples both write it.
+    What a finished `hf-elmo pretrain` folder records of its run, for the card: the training files by name (never
+    their folders, which are the user's own), tokens seen, the wall time of all its runs (resumed ones added), held-out perplexity at the end
+    and at each evaluation (metrics.jsonl), and the recipe. None for any other folder.
+    """
+    arguments = _read_json(os.path.join(model_dir, TRAINING_ARGS_FILE))
+    results = _read_json(os.path.join(model_dir, "eval_results.json"))
+    if not isinstance(arguments, dict) or not isinstance(results, dict) or "train_files" not in arguments:
+        return None
+    curve, wall, segment = [], 0.0, 0.0
+    metrics = os.path.join(model_dir, PRETRAINING_METRICS)
+    if os.path.isfile(metrics):
+        with open(metrics, encoding="utf-8") as handle:
+            for line in handle:
+                record = json.loads(line) if line.strip() else {}
+                if "eval/forward_perplexity" in record:
+                    curve.append({"step": record.get("step"), "forward": record["eval/forward_perplexity"],
+                                  "backward": record["eval/backward_perplexity"]})
+                if "wall_s" in record:
+                    # Each process (a resumed run starts a new one) counts from its own start.
+                    if record["wall_s"] < segment:
+                        wall += segment
+                    segment = record["wall_s"]
+    final = ({"forward": results["eval/forward_perplexity"], "backward": results["eval/backward_perplexity"]}
+             if "eval/forward_perplexity" in results else None)
+    return {
+        "train_files": [os.path.basename(pattern) for pattern in arguments["train_files"]],
+        "eval_file": os.path.basename(arguments["eval_file"]) if arguments.get("eval_file") else None,
+        "step": results.get("step"), "tokens_seen": results.get("tokens_seen"),
+        "train_wall_s": round(wall + segment, 1) if segment else None,
+        "heldout_perplexity": final, "curve": curve,
+        "recipe": {key: arguments[key] for key in RECIPE_ARGUMENTS if key in arguments},
+    }
+
+
+def folder_model_card(model_dir: str, config, repo_id: str | None = None, license: str | None = None,
+                      perplexity_plot: str | None = None):
+    """
+    The card of an ELMo folder, from what it holds: the converter's bilm_tf_source.json; for a fine-tuned head, the
+    run's metrics.json and layer_weights.png; for a biLM of `hf-elmo pretrain`, its run (`read_pretraining`), with
+    `perplexity_plot` (a file the caller wrote beside the card). `hf-elmo publish` and the fine-tuning examples
+    both write it.
     """
     return elmo_model_card(
         config,
@@ -146,6 +189,8 @@ def folder_model_card(model_dir: str, config, repo_id: str | None = None, licens
         license=license,
         training=read_run_metrics(os.path.join(model_dir, METRICS_FILE)),
         layer_weights_plot=LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(model_dir, LAYER_WEIGHTS_PLOT)) else None,
+        pretraining=read_pretraining(model_dir),
+        perplexity_plot=perplexity_plot,
     )
 
 
@@ -215,7 +260,15 @@ def prepare_folder(
             # Not a card hf_elmo generated: the user may have written it.
             logger.warning("%s is replaced by a card generated from the folder's metadata; pass --card %s to "
                            "publish it instead", readme, readme)
-        card = folder_model_card(model_dir, config, repo_id=repo_id, license=license)
+        pretraining = read_pretraining(model_dir)
+        plot = None
+        if pretraining and pretraining["curve"]:
+            try:
+                plot_perplexity_curve(pretraining["curve"], os.path.join(staging, PERPLEXITY_PLOT))
+                plot = PERPLEXITY_PLOT
+            except ImportError:
+                logger.info("matplotlib is not installed: the card shows the perplexity curve as a table")
+        card = folder_model_card(model_dir, config, repo_id=repo_id, license=license, perplexity_plot=plot)
     card.save(card_path)
 
     files = sorted(

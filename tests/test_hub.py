@@ -407,3 +407,78 @@ def test_publish_never_uploads_what_a_link_outside_the_folder_points_to(converte
         f"own (cp {folder / 'notes.json'} {folder / 'notes.json'}.copy && mv {folder / 'notes.json'}.copy "
         f"{folder / 'notes.json'}).")
     assert len(hub) == calls
+
+
+# ---------------------------------------------------------------------------------------------
+# hf-elmo pretrain --push-to-hub
+# ---------------------------------------------------------------------------------------------
+TINY_BILM = {"char_filters": [[1, 8], [2, 8], [3, 16]], "n_highway": 1, "char_embedding_dim": 8, "lstm_dim": 64,
+             "projection_dim": 16, "num_lstm_layers": 2}
+
+
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_pretrain_pushes_the_finished_run_with_its_corpus_and_curve(english_corpus, hub, tmp_path, capsys,
+                                                                   monkeypatch):
+    import argparse
+
+    from hf_elmo.pretraining import push_to_hub
+
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(TINY_BILM), encoding="utf-8")
+    output = tmp_path / "bilm"
+    command = ["pretrain", "--train-files", str(english_corpus / "train.txt"), "--eval-file",
+               str(english_corpus / "heldout.txt"), "--eval-max-sentences", "40", "--config", str(config),
+               "--build-vocab", "--output-dir", str(output), "--max-steps", "4", "--eval-steps", "2",
+               "--batch-size", "8", "--num-workers", "0", "--report-to", "none"]
+    # What cannot work is a usage error before anything is written.
+    for extra, message in ((["--push-to-hub"], "--push-to-hub needs --hub-model-id OWNER/NAME"),
+                           (["--hub-model-id", "someone/x"], "--hub-model-id and --hub-private go with --push-to-hub"),
+                           (["--push-to-hub", "--hub-model-id", "nobody"], "--hub-model-id: 'nobody' is not a valid")):
+        with pytest.raises(SystemExit) as stopped:
+            main([*command, *extra])
+        assert stopped.value.code == 2 and message in capsys.readouterr().err and not output.exists()
+
+    assert main([*command, "--push-to-hub", "--hub-model-id", "someone/elmo-tiny", "--hub-private"]) == 0
+    (_, repo_id, repo_options), (_, _, _, uploaded) = hub
+    assert repo_id == "someone/elmo-tiny" and repo_options["private"] is True
+    # What publish pushes, and not the run's options (local paths) or its raw metrics.
+    assert {"model.safetensors", "config.json", "vocab.txt", "eval_results.json", "README.md",
+            "perplexity_curve.png"} <= set(uploaded)
+    assert "training_args.json" not in uploaded and "metrics.jsonl" not in uploaded
+    assert uploaded["perplexity_curve.png"].startswith(b"\x89PNG\r\n\x1a\n")
+    results = json.loads((output / "eval_results.json").read_text())
+    card = ModelCard(uploaded["README.md"].decode("utf-8"))
+    pretraining = card.data.hf_elmo["pretraining"]
+    assert pretraining["train_files"] == ["train.txt"] and pretraining["step"] == 4
+    assert pretraining["tokens_seen"] == results["tokens_seen"] > 0 and pretraining["train_wall_s"] > 0
+    assert pretraining["heldout_perplexity"] == {"forward": results["eval/forward_perplexity"],
+                                                 "backward": results["eval/backward_perplexity"]}
+    assert "## Pretraining" in card.text and "![Held-out perplexity during pretraining](perplexity_curve.png)" in (
+        card.text)
+    assert "| `optimizer` | `adagrad` |" in card.text and str(tmp_path) not in card.text
+
+    # A push that fails keeps the local result whole and says how to push it again.
+    def refuse(self, *args, **kwargs):
+        raise OSError("the Hub said no")
+
+    monkeypatch.setattr(HfApi, "create_commit", refuse)
+    with pytest.raises(PublishError) as error:
+        push_to_hub(argparse.Namespace(output_dir=str(output), hub_model_id="someone/elmo-tiny", hub_private=False))
+    assert str(error.value) == (f"the finished model is in {output}, but pushing it to someone/elmo-tiny failed (the "
+                                f"Hub said no); push it with `hf-elmo publish {output} --repo-id someone/elmo-tiny`.")
+    assert (output / "model.safetensors").is_file()
+
+
+def test_the_wall_time_of_a_resumed_pretraining_run_adds_its_parts(tmp_path):
+    from hf_elmo.publish import read_pretraining
+
+    (tmp_path / "training_args.json").write_text(json.dumps({"train_files": ["/home/me/corpus/*.txt"],
+                                                             "optimizer": "adagrad"}))
+    (tmp_path / "eval_results.json").write_text(json.dumps({"step": 6, "tokens_seen": 600}))
+    # Two processes' lines: the second (a --resume) counts from its own start again.
+    walls = [10.0, 20.0, 30.5, 2.0, 12.5]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "wall_s": w}) + "\n"
+                                                    for i, w in enumerate(walls)))
+    pretraining = read_pretraining(str(tmp_path))
+    assert pretraining["train_wall_s"] == 43.0 and pretraining["train_files"] == ["*.txt"]
+    assert pretraining["recipe"] == {"optimizer": "adagrad"} and pretraining["heldout_perplexity"] is None

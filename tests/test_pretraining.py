@@ -433,6 +433,8 @@ def test_training_on_english_lowers_heldout_perplexity(trained, corpus, caplog):
     assert [r["step"] for r in evaluations] == [0, 15, 30]
     assert [round(r["eval/forward_perplexity"], 2) for r in evaluations] == [p[0] for p in perplexities]
     assert [r["step"] for r in records if "train/loss" in r] == [10, 15, 20, 30]
+    walls = [r["wall_s"] for r in records]  # seconds since the process started, for the card's wall time
+    assert walls == sorted(walls) and walls[0] > 0
     assert os.path.isfile(trained / "checkpoint-15" / "optimizer.bin")
     assert not [name for name in os.listdir(trained) if name.endswith(".partial")]
 
