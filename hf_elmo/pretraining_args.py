@@ -47,12 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
                       "them), read as shards in a new shuffled order every epoch.")
     data.add_argument("--eval-file", default=None,
                       help="held-out text (same format) for forward/backward perplexity with the full softmax.")
-    data.add_argument("--pre-tokenizer", choices=("ptb", "bert", "whitespace"), default="ptb",
+    data.add_argument("--pre-tokenizer", default="ptb", metavar="{ptb,bert,whitespace,MODULE:FUNCTION}",
                       help="how lines are split into words, saved with the tokenizer so that later use splits text "
                       "the same way (default: %(default)s; 'whitespace' for text that is already tokenised). None of "
-                      "them segments Chinese, Japanese or Thai: a run of such characters between spaces is one word, "
-                      "read as its first 48 bytes. Segment such text first and use 'whitespace' (README, 'Scripts "
-                      "written without spaces').")
+                      "the three segments Chinese, Japanese or Thai: a run of such characters between spaces is one "
+                      "word, read as its first 48 bytes. For those, segment the text first and use 'whitespace', or "
+                      "name a segmenter of your own, MODULE:FUNCTION (a function of a line that returns its words, "
+                      "e.g. a wrapper around jieba.lcut); the tokenizer records the name, and loading it later needs "
+                      "the function registered (README, 'Scripts written without spaces').")
     data.add_argument("--max-sentence-words", type=int, default=100,
                       help="lines with more words are cut into pieces of at most this many (default: %(default)s).")
     data.add_argument("--shuffle-window", type=int, default=100_000,
@@ -209,6 +211,12 @@ def check_args(args, parser) -> None:
         parser.error(f"--training-step captured does not support {captured_step_unsupported(args)}")
     check_report_to(args, parser)
     check_hub(args, parser)
+    from .pretraining_data import PreTokenizerError, use_pre_tokenizer
+
+    try:
+        use_pre_tokenizer(args.pre_tokenizer)
+    except PreTokenizerError as error:
+        parser.error(str(error))
 
 
 def check_hub(args, parser) -> None:

@@ -81,6 +81,35 @@ def _decode(raw: bytes, path: str, line_number: int) -> str:
         raise CorpusError(f"{path}:{line_number}: not UTF-8 text ({error}).") from None
 
 
+class PreTokenizerError(ValueError):
+    """`--pre-tokenizer module:function` names no importable function."""
+
+
+def use_pre_tokenizer(style: str) -> None:
+    """
+    Make `--pre-tokenizer` usable in this process: a built-in style as it is; `module:function`, a segmenter of the
+    user's own that the command line named, imported and registered under that name (`register_pre_tokenizer`),
+    which the saved tokenizer then records.
+    """
+    from .tokenization_elmo import _REGISTERED_PRE_TOKENIZERS, PRE_TOKENIZER_STYLES, register_pre_tokenizer
+
+    if style in PRE_TOKENIZER_STYLES or style in _REGISTERED_PRE_TOKENIZERS:
+        return
+    module_name, _, function_name = style.partition(":")
+    if not module_name or not function_name:
+        raise PreTokenizerError(f"--pre-tokenizer {style!r}: expected one of {', '.join(PRE_TOKENIZER_STYLES)}, or "
+                                "module:function (a function of a string that returns its words)")
+    import importlib
+
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as error:
+        raise PreTokenizerError(f"--pre-tokenizer {style}: cannot be imported ({error})") from None
+    if not callable(function):
+        raise PreTokenizerError(f"--pre-tokenizer {style}: {function_name} is not a function")
+    register_pre_tokenizer(style, function)
+
+
 class WordSplitter:
     """
     `ElmoTokenizer(pre_tokenizer=style).tokenize` as a small picklable callable: DataLoader workers started by
@@ -95,6 +124,7 @@ class WordSplitter:
         if self._tokenize is None:
             from .tokenization_elmo import ElmoTokenizer
 
+            use_pre_tokenizer(self.style)  # a worker started by spawn has not registered the user's function
             self._tokenize = ElmoTokenizer(pre_tokenizer=self.style).tokenize
         return self._tokenize(text)
 

@@ -115,6 +115,43 @@ _JOINERS = re.compile("[\u200c\u200d]")
 _JOINERS_ONLY = re.compile("[\u200c\u200d]+")
 
 
+# Word splitters of the user's own (`register_pre_tokenizer`): name -> function(text) -> words.
+_REGISTERED_PRE_TOKENIZERS: dict = {}
+
+
+def register_pre_tokenizer(name: str, function) -> None:
+    """
+    Make `function(text) -> list of words` (a segmenter for Chinese, Japanese, Thai, ...) usable as
+    `ElmoTokenizer(pre_tokenizer=name)`. The name is what a saved tokenizer records, so that text is split as in
+    training later too; a saved tokenizer naming a function is loaded only once this process registered it: loading
+    never imports or runs code that a folder names. `hf-elmo pretrain --pre-tokenizer module:function` registers
+    `module:function` itself, the module being one the user named.
+    """
+    if name in PRE_TOKENIZER_STYLES or not callable(function):
+        raise ValueError(f"register_pre_tokenizer({name!r}, ...) takes a name other than {list(PRE_TOKENIZER_STYLES)} "
+                         "and a function of a string that returns its words.")
+    _REGISTERED_PRE_TOKENIZERS[name] = function
+
+
+class _FunctionWordSplitter:
+    """A registered function as a word splitter: the words it returns, each found in the text (after the previous
+    one) for its offsets. A word that is not a piece of the text is an error naming it."""
+
+    def __init__(self, name: str, function):
+        self.name, self.function = name, function
+
+    def pre_tokenize_str(self, text: str) -> list[tuple[str, tuple[int, int]]]:
+        spans, position = [], 0
+        for word in self.function(text):
+            start = text.find(word, position) if isinstance(word, str) and word else -1
+            if start < 0:
+                raise ValueError(f"pre_tokenizer {self.name!r} returned {word!r}, which is not the next piece of the "
+                                 f"text (from character {position}): it must return the text's own words, in order.")
+            position = start + len(word)
+            spans.append((word, (start, position)))
+        return spans
+
+
 def _build_word_splitter(style: str):
     if style == "ptb":
         return pre_tokenizers.Sequence(
@@ -124,7 +161,16 @@ def _build_word_splitter(style: str):
         return pre_tokenizers.BertPreTokenizer()
     if style == "whitespace":
         return pre_tokenizers.WhitespaceSplit()
-    raise ValueError(f"ElmoTokenizer: unknown pre_tokenizer {style!r}; choose one of {list(PRE_TOKENIZER_STYLES)}.")
+    if style in _REGISTERED_PRE_TOKENIZERS:
+        return _FunctionWordSplitter(style, _REGISTERED_PRE_TOKENIZERS[style])
+    if isinstance(style, str) and ":" in style:
+        raise ValueError(
+            f"ElmoTokenizer: pre_tokenizer {style!r} is a function of your own, not registered in this process: "
+            f"call hf_elmo.tokenization_elmo.register_pre_tokenizer({style!r}, function) first (a saved tokenizer "
+            "never imports the code it names)."
+        )
+    raise ValueError(f"ElmoTokenizer: unknown pre_tokenizer {style!r}; choose one of {list(PRE_TOKENIZER_STYLES)}, "
+                     "or a name given to register_pre_tokenizer.")
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -355,7 +401,8 @@ class ElmoTokenizer(PreTrainedTokenizer):
     Args:
         vocab_file (`str`, *optional*): bilm-tf word vocabulary file.
         max_characters_per_token (`int`, defaults to 50): length of a char row (must match the model).
-        pre_tokenizer (`str`, defaults to `"ptb"`): one of `"ptb"`, `"bert"`, `"whitespace"`.
+        pre_tokenizer (`str`, defaults to `"ptb"`): one of `"ptb"`, `"bert"`, `"whitespace"`, or the name of a
+            function given to `register_pre_tokenizer` (a segmenter for scripts written without spaces).
         pad_token (`str`, defaults to `"<pad>"`): name of the padding token (its id is always 0).
     """
 

@@ -1120,3 +1120,53 @@ def test_a_full_disk_at_metrics_jsonl_is_the_full_disk_line_and_keeps_whole_line
     assert "the metrics logged before this step are kept. Free some space, or write elsewhere." in message
     assert message.endswith(f"{output / 'checkpoint-2'} is intact: --resume continues from it.")
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2]
+
+
+SEGMENTER = '''
+def characters(text):
+    """One word per character that is not a space: a segmenter for text written without spaces."""
+    return [character for character in text if not character.isspace()]
+'''
+
+
+def test_pretrain_with_a_segmenter_of_ones_own_records_it_in_the_tokenizer(corpus, tmp_path, monkeypatch, capsys):
+    from hf_elmo import tokenization_elmo
+    from hf_elmo.tokenization_elmo import ElmoTokenizer, register_pre_tokenizer
+
+    (tmp_path / "segmenters.py").write_text(SEGMENTER, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(tokenization_elmo, "_REGISTERED_PRE_TOKENIZERS", {})
+    # Text written without spaces (sentences of our own, made here).
+    phrases = ["我爱北京", "天安门上太阳升", "我们学习语言模型", "今天天气很好"]
+    text = tmp_path / "zh.txt"
+    text.write_text("".join(phrases[i % 4] + phrases[(i * 3) % 4] + "。\n" for i in range(200)), encoding="utf-8")
+    output = tmp_path / "zh-bilm"
+    command = ["--train-files", str(text), "--config", str(corpus / "tiny.json"), "--output-dir", str(output),
+               "--build-vocab", "--max-steps", "2", "--batch-size", "8", "--num-workers", "0", "--report-to", "none"]
+    with pytest.raises(SystemExit) as stopped:
+        pretrain_main([*command, "--pre-tokenizer", "segmenters:nothing_here"])
+    assert stopped.value.code == 2 and "--pre-tokenizer segmenters:nothing_here: cannot be imported" in (
+        capsys.readouterr().err)
+    assert pretrain_main([*command, "--pre-tokenizer", "segmenters:characters"]) == 0
+    _reset_accelerate()
+    config = json.loads((output / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["pre_tokenizer"] == "segmenters:characters"
+    vocabulary = (output / "vocab.txt").read_text(encoding="utf-8").split()
+    assert "我" in vocabulary and "我爱北京" not in vocabulary and all(len(w) == 1 for w in vocabulary[3:])
+    # Loading never imports the code a folder names: the function must be registered in this process first.
+    monkeypatch.setattr(tokenization_elmo, "_REGISTERED_PRE_TOKENIZERS", {})
+    with pytest.raises(ValueError, match=r"pre_tokenizer 'segmenters:characters' is a function of your own, not "
+                                         r"registered in this process: call hf_elmo\.tokenization_elmo\."):
+        ElmoTokenizer.from_pretrained(output)
+    import segmenters
+
+    register_pre_tokenizer("segmenters:characters", segmenters.characters)
+    tokenizer = ElmoTokenizer.from_pretrained(output)
+    encoding = tokenizer(["我爱 北京。"], return_offsets_mapping=True)
+    assert tokenizer.tokenize("我爱 北京。") == ["我", "爱", "北", "京", "。"]
+    assert encoding["offset_mapping"][0] == [(0, 1), (1, 2), (3, 4), (4, 5), (5, 6)]
+    # A segmenter must return pieces of the text, in order.
+    register_pre_tokenizer("backwards", lambda line: list(reversed(line.split())))
+    with pytest.raises(ValueError, match=r"pre_tokenizer 'backwards' returned 'a', which is not the next piece of the "
+                                         r"text \(from character 3\)"):
+        ElmoTokenizer(pre_tokenizer="backwards").tokenize("a b")
