@@ -22,7 +22,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 
-from transformers import HfArgumentParser, TrainerCallback, TrainingArguments
+from transformers import EarlyStoppingCallback, HfArgumentParser, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy
 
 from hf_elmo.finetuning import DataFileError, plot_layer_weights
@@ -141,6 +141,12 @@ class ElmoTrainingArguments(TrainingArguments):
     save_total_limit: int | None = field(default=2, metadata={"help": "keep at most this many checkpoints."})
     logging_steps: float = field(default=50, metadata={"help": "log the training loss every this many steps."})
     threads: int | None = field(default=None, metadata={"help": THREADS_HELP})
+    early_stopping_patience: int | None = field(default=None, metadata={"help": (
+        "stop when the validation score has not improved for this many evaluations in a row, and keep the best "
+        "checkpoint (Transformers' EarlyStoppingCallback; turns on --load_best_model_at_end). The score is "
+        "--metric_for_best_model, default the task's: entity f1 with chunk tags, token_accuracy for other tags, "
+        "accuracy for sentence classes. Needs validation data."
+    )})
 
     def __post_init__(self):
         # What the command line said, before TrainingArguments fills in its own defaults.
@@ -215,6 +221,8 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
             parser.error(f"--{name} must be >= 1, got {value}")
     if threads_error(training.threads):
         parser.error(threads_error(training.threads))
+    if training.early_stopping_patience is not None and training.early_stopping_patience < 1:
+        parser.error(f"--early_stopping_patience must be >= 1, got {training.early_stopping_patience}")
     if training.push_to_hub:
         from huggingface_hub import constants, get_token
 
@@ -262,7 +270,7 @@ RUN_RECORD_FILE = "hf_elmo_run.json"
 # or saves does not).
 TRAINING_ARGUMENTS_RECORDED = TRAINING_ARGUMENTS_SHOWN + (
     "warmup_ratio", "optim", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "bf16", "fp16", "data_seed",
-    "label_smoothing_factor", "group_by_length", "world_size")
+    "label_smoothing_factor", "group_by_length", "world_size", "early_stopping_patience", "metric_for_best_model")
 
 
 def run_record(model_args, data_args, training_args, id2label: dict, load_options: dict) -> dict:
@@ -382,6 +390,38 @@ class RunRecordCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         self._write(args, state)
+
+
+class ValidationLog(TrainerCallback):
+    """One log line per evaluation (the validation scores, and the best so far by --metric_for_best_model), and one
+    at the end saying why training stopped: the epochs or steps asked for ran out, or early stopping."""
+
+    def __init__(self):
+        self.best = None  # (score, step) by --metric_for_best_model, this evaluation included
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        metrics = {k.removeprefix("eval_"): v for k, v in (metrics or {}).items()
+                   if isinstance(v, float) and k != "epoch" and not k.endswith(("_runtime", "_per_second"))}
+        scores = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        name, best = (args.metric_for_best_model or "").removeprefix("eval_"), ""
+        if name in metrics:
+            better = (lambda a, b: a > b) if args.greater_is_better is not False else (lambda a, b: a < b)
+            if self.best is None or better(metrics[name], self.best[0]):
+                self.best = (metrics[name], state.global_step)
+            best = f"; best {name} {self.best[0]:.4f} (step {self.best[1]})"
+        logger.info("Validation at epoch %.2f, step %d: %s%s", state.epoch or 0, state.global_step, scores, best)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            reason = (f"the {args.max_steps} steps of --max_steps ran" if args.max_steps > 0
+                      else f"the {args.num_train_epochs:g} epochs of --num_train_epochs ran")
+        else:
+            reason = (f"early stopping: {args.metric_for_best_model} did not improve for "
+                      f"{args.early_stopping_patience} evaluations in a row")
+        kept = (f"; the best checkpoint (step {state.best_global_step}, {args.metric_for_best_model} "
+                f"{state.best_metric:.4f}) is kept" if args.load_best_model_at_end and state.best_metric is not None
+                else "")
+        logger.info("Training stopped at step %d of %d: %s%s", state.global_step, state.max_steps, reason, kept)
 
 
 class OutputFolder:
@@ -551,6 +591,7 @@ class Task:
     log_report: object  # (split, report) -> None
     prediction_lines: object  # (predictions, label_ids) -> lines of predictions.txt
     needs: tuple = ()  # importable modules its scores need (checked before training, with the plot's matplotlib)
+    best_metric: str = "accuracy"  # the key of `summarise` that early stopping and the best checkpoint go by
 
 
 def check_packages(modules) -> None:
@@ -582,9 +623,15 @@ def run_finetuning(model_args, data_args, training_args, model, tokenizer, task:
             raise DataFileError(f"there is no {split} data to {'train on' if split == 'train' else 'score'}: give "
                                 f"{option}" + (" (or a --dataset_name with that split)" if split != "train" else ""))
     if "validation" not in task.features and training_args.eval_strategy != IntervalStrategy.NO:
-        if training_args.load_best_model_at_end:
-            raise DataFileError("--load_best_model_at_end needs validation data: give --validation_file.")
+        if training_args.load_best_model_at_end or training_args.early_stopping_patience:
+            option = "early_stopping_patience" if training_args.early_stopping_patience else "load_best_model_at_end"
+            raise DataFileError(f"--{option} needs validation data: give --validation_file.")
         training_args.eval_strategy = IntervalStrategy.NO
+    if training_args.early_stopping_patience:
+        # Stopping on a score that no longer improves keeps the best checkpoint, as the Trainer does it.
+        training_args.load_best_model_at_end = True
+        training_args.metric_for_best_model = training_args.metric_for_best_model or task.best_metric
+        training_args.greater_is_better = not training_args.metric_for_best_model.endswith("loss")
     set_threads(training_args.threads)
     inputs = [model_args.model_name_or_path, data_args.train_file, data_args.validation_file, data_args.test_file]
     record = run_record(model_args, data_args, training_args, task.id2label, load_options)
@@ -635,7 +682,8 @@ def _train_and_report(model_args, data_args, training_args, model, tokenizer, ta
         compute_metrics=compute_metrics,
         # Keep only the argmax: whole logits of every evaluation example would be gathered in memory.
         preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
-        callbacks=[RunRecordCallback(record)],
+        callbacks=[RunRecordCallback(record), ValidationLog()] + ([EarlyStoppingCallback(
+            training_args.early_stopping_patience)] if training_args.early_stopping_patience else []),
     )
     task_name = data_args.task_name or task.name
     metrics = {

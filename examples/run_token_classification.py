@@ -223,7 +223,8 @@ def main(argv=None):
         return [" ".join(tags) for tags in predicted_tags(predictions, label_ids_, id2label)[1]]
 
     task = Task("token-classification", features, id2label, DataCollatorForTokenClassification(tokenizer), score,
-                summarise, log_report, prediction_lines, needs=("seqeval",) if chunk_tags else ())
+                summarise, log_report, prediction_lines, needs=("seqeval",) if chunk_tags else (),
+                best_metric="f1" if chunk_tags else "token_accuracy")
     return run_finetuning(model_args, data_args, training_args, model, tokenizer, task, load_options)
 
 

@@ -310,6 +310,26 @@ def test_a_rerun_resumes_only_a_checkpoint_of_its_own_run(token_example, convert
     assert short.is_dir()
 
 
+def test_early_stopping_stops_on_the_validation_rule_and_says_why(token_example, converted_dir, fixtures_root,
+                                                                   tmp_path, caplog):
+    with caplog.at_level("INFO"):
+        _ner(token_example, converted_dir, fixtures_root, tmp_path / "ner", "--num_train_epochs", "30",
+             "--early_stopping_patience", "2")
+    stopped = re.search(r"Training stopped at step (\d+) of 60: early stopping: f1 did not improve for 2 "
+                        r"evaluations in a row; the best checkpoint \(step (\d+), f1 ([\d.]+)\) is kept", caplog.text)
+    assert stopped, caplog.text[-2000:]
+    step, best = int(stopped.group(1)), int(stopped.group(2))
+    # The rule: two evaluations (an epoch each, 2 steps) after the best one, and no more.
+    assert step == best + 2 * 2 < 60
+    evaluations = re.findall(r"Validation at epoch [\d.]+, step (\d+): loss [\d.]+, token_accuracy", caplog.text)
+    assert [int(s) for s in evaluations] == list(range(2, step + 1, 2))
+    # Without validation data it cannot work: one line, before training.
+    fixture = str(fixtures_root / "data" / "conll2003.txt")
+    with pytest.raises(DataFileError, match="^--early_stopping_patience needs validation data: give --validation_file"):
+        token_example.main(["--model_name_or_path", str(converted_dir), "--train_file", fixture, "--output_dir",
+                            str(tmp_path / "no-validation"), "--early_stopping_patience", "2"])
+
+
 def test_output_folder_removes_only_what_the_failed_run_created(token_example, tmp_path):
     cli = load_example("finetuning_cli")
     record = {"data": {"train_file": {"file": "a.conll", "bytes": 1, "sha256": "0" * 64}}}
