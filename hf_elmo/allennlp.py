@@ -51,10 +51,11 @@ class ConfigurationError(ValueError):
 
 
 def cache_dir() -> str:
-    """Where downloaded and converted bilm-tf files go: `$HF_ELMO_CACHE/allennlp`, by default
-    `~/.cache/hf_elmo/allennlp`. Move the folder and set HF_ELMO_CACHE to use it elsewhere."""
-    root = os.environ.get("HF_ELMO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hf_elmo")
-    return os.path.join(root, "allennlp")
+    """Where downloaded and converted bilm-tf files go: `$HF_ELMO_CACHE/allennlp` (`user_cache.user_cache_dir`), by
+    default `~/.cache/hf_elmo/allennlp`. Move the folder and set HF_ELMO_CACHE to use it elsewhere."""
+    from .user_cache import user_cache_dir
+
+    return user_cache_dir("allennlp")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -115,6 +115,10 @@ def run(args) -> int:
     wrapper turns the failures into one line. A run that fails before its first checkpoint leaves nothing behind.
     """
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    if args.dataset_name:
+        from .pretraining_datasets import export_dataset
+
+        export_dataset(args)  # the corpus as text files: from here on, a run from files
     check_inputs_outside(args)  # before anything is written
     created = not os.path.lexists(args.output_dir)
     try:

@@ -42,9 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hf-elmo pretrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     data = parser.add_argument_group("data")
-    data.add_argument("--train-files", nargs="+", required=True, metavar="GLOB",
+    data.add_argument("--train-files", nargs="+", metavar="GLOB",
                       help="training text: one sentence per line, UTF-8; one or more files or glob patterns (quote "
-                      "them), read as shards in a new shuffled order every epoch.")
+                      "them), read as shards in a new shuffled order every epoch. Or --dataset-name.")
     data.add_argument("--eval-file", default=None,
                       help="held-out text (same format) for forward/backward perplexity with the full softmax.")
     data.add_argument("--pre-tokenizer", default="ptb", metavar="{ptb,bert,whitespace,MODULE:FUNCTION}",
@@ -55,6 +55,23 @@ def build_parser() -> argparse.ArgumentParser:
                       "name a segmenter of your own, MODULE:FUNCTION (a function of a line that returns its words, "
                       "e.g. a wrapper around jieba.lcut); the tokenizer records the name, and loading it later needs "
                       "the function registered (README, 'Scripts written without spaces').")
+    hub_data = parser.add_argument_group(
+        "data from `datasets` (instead of --train-files; needs `pip install datasets`): the split's text column is "
+        "exported once into text files in the user cache ($HF_ELMO_CACHE/datasets) and read as --train-files are; "
+        "the whole split is read first (no streaming yet)")
+    hub_data.add_argument("--dataset-name", metavar="NAME_OR_FOLDER",
+                          help="a dataset on the Hub (e.g. wikimedia/wikipedia), a folder of data files (parquet, "
+                          "json lines, csv, text) or a folder written by save_to_disk.")
+    hub_data.add_argument("--dataset-config", default=None, help="its configuration (e.g. 20231101.nb).")
+    hub_data.add_argument("--dataset-split", default="train", help="the split to train on (default: %(default)s).")
+    hub_data.add_argument("--text-column", default=None,
+                          help="the column holding the text (default: the only string column; several are an "
+                          "error listing them). A record's text is split into lines; records without text are "
+                          "counted and skipped.")
+    hub_data.add_argument("--eval-split", default=None, help="a split of held-out text (instead of --eval-file).")
+    hub_data.add_argument("--eval-fraction", type=float, default=None,
+                          help="hold out this fraction of the training split's records, its last ones, as held-out "
+                          "text (instead of --eval-file or --eval-split).")
     data.add_argument("--max-sentence-words", type=int, default=100,
                       help="lines with more words are cut into pieces of at most this many (default: %(default)s).")
     data.add_argument("--shuffle-window", type=int, default=100_000,
@@ -195,6 +212,16 @@ def check_args(args, parser) -> None:
                  "min_count"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if bool(args.train_files) == bool(args.dataset_name):
+        parser.error("give the training text: --train-files, or --dataset-name (not both)")
+    dataset_options = [o for o in ("dataset_config", "text_column", "eval_split", "eval_fraction")
+                       if getattr(args, o) is not None]
+    if dataset_options and not args.dataset_name:
+        parser.error(f"--{dataset_options[0].replace('_', '-')} goes with --dataset-name")
+    if sum(o is not None for o in (args.eval_file, args.eval_split, args.eval_fraction)) > 1:
+        parser.error("--eval-file, --eval-split and --eval-fraction are exclusive: give one held-out text")
+    if args.eval_fraction is not None and not 0 < args.eval_fraction < 1:
+        parser.error(f"--eval-fraction must be between 0 and 1, got {args.eval_fraction}")
     if args.vocab and args.build_vocab:
         parser.error("--vocab and --build-vocab are exclusive: use a vocabulary file, or build one")
     if (args.num_softmax_samples < 0 or args.warmup_steps < 0 or args.max_grad_norm < 0 or args.num_workers < 0

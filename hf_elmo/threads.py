@@ -57,5 +57,6 @@ def keep_compiled_code_in_user_cache() -> None:
     step's graphs also survive for the next run), unless TORCHINDUCTOR_CACHE_DIR says otherwise. Library code never
     calls it: a user's own process keeps torch's choice.
     """
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, "hf_elmo", "torchinductor"))
+    from .user_cache import user_cache_dir
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", user_cache_dir("torchinductor"))

@@ -1170,3 +1170,44 @@ def test_pretrain_with_a_segmenter_of_ones_own_records_it_in_the_tokenizer(corpu
     with pytest.raises(ValueError, match=r"pre_tokenizer 'backwards' returned 'a', which is not the next piece of the "
                                          r"text \(from character 3\)"):
         ElmoTokenizer(pre_tokenizer="backwards").tokenize("a b")
+
+
+def test_pretrain_from_a_local_datasets_folder_exports_once_and_resumes(corpus, tmp_path, monkeypatch, caplog,
+                                                                        capsys):
+    monkeypatch.setenv("HF_ELMO_CACHE", str(tmp_path / "cache"))
+    lines = (corpus / "train.txt").read_text(encoding="utf-8").splitlines()[:300]
+    folder = tmp_path / "wiki"
+    folder.mkdir()
+    # Records of two sentences each, as documents; one without text, one empty: counted and skipped.
+    records = [{"id": i, "text": lines[2 * i] + "\n" + lines[2 * i + 1]} for i in range(150)]
+    records[7]["text"], records[9]["text"] = None, ""
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    output = tmp_path / "bilm"
+    command = ["--dataset-name", str(folder), "--eval-fraction", "0.1", "--config", str(corpus / "tiny.json"),
+               "--output-dir", str(output), "--build-vocab", "--batch-size", "8", "--num-workers", "0",
+               "--report-to", "none", "--save-steps", "2"]
+    with caplog.at_level("INFO"):
+        assert pretrain_main([*command, "--max-steps", "2"]) == 0
+    _reset_accelerate()
+    assert ("column 'text': 266 lines of text from 135 records (2 without text, skipped), 30 held-out lines"
+            in caplog.text)
+    exported = list((tmp_path / "cache" / "datasets").iterdir())
+    assert len(exported) == 1 and sorted(p.name for p in exported[0].iterdir()) == ["eval-00000.txt",
+                                                                                    "train-00000.txt"]
+    assert (exported[0] / "eval-00000.txt").read_text(encoding="utf-8").splitlines()[0] == lines[270]
+    # The same command with --resume reads the same export: the checkpoint's record of the files holds.
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        assert pretrain_main([*command, "--max-steps", "4", "--resume"]) == 0
+    _reset_accelerate()
+    assert "from its export in" in caplog.text and f"Resumed from {output / 'checkpoint-2'}: step 2" in caplog.text
+    # Two string columns and no --text-column: one line naming them; options without --dataset-name: usage errors.
+    (folder / "train.jsonl").write_text(json.dumps({"text": "a b", "title": "c"}) + "\n", encoding="utf-8")
+    assert pretrain_main([*command[:4], "--config", str(corpus / "tiny.json"), "--output-dir",
+                          str(tmp_path / "other"), "--max-steps", "1"]) == 1
+    assert error_lines(capsys)[-1] == f"{folder}[train]: give --text-column, one of its string columns (text, " \
+                                      "title)"
+    with pytest.raises(SystemExit) as stopped:
+        pretrain_main(["--train-files", str(corpus / "train.txt"), "--text-column", "text", "--config",
+                       str(corpus / "tiny.json"), "--output-dir", str(tmp_path / "x"), "--max-steps", "1"])
+    assert stopped.value.code == 2 and "--text-column goes with --dataset-name" in capsys.readouterr().err
