@@ -341,7 +341,7 @@ def main():
     text = args.text or str(english_text_sample())
     splitter = WordSplitter("ptb")
     files = resolve_shards([text], what="--text", split_words=splitter)
-    vocab_words = build_vocab(count_words(files, splitter))
+    vocab_words = build_vocab(count_words(files, splitter)[0])
     if args.vocab_size:
         if args.vocab_size < len(vocab_words):
             parser.error(f"--vocab-size {args.vocab_size} is below the text's own vocabulary ({len(vocab_words)})")

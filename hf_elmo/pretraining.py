@@ -216,11 +216,13 @@ def resolve_vocab(args, accelerator, split_words, files) -> str:
         )
     if accelerator.is_main_process:
         if source is None:
-            logger.info("Counting the words of %d training file(s) for the vocabulary", len(files))
-            counts = count_words(files, split_words)
+            logger.info("Counting the words of %d training file(s) for the vocabulary%s", len(files),
+                        f" (their first {args.vocab_sentences} sentences)" if args.vocab_sentences else "")
+            counts, sentences = count_words(files, split_words, args.vocab_sentences)
             words = build_vocab(counts, min_count=args.min_count, max_size=args.max_vocab_size)
             write_vocab(words, kept)
-            logger.info("Wrote %s: %d entries (%d distinct words in the corpus)", kept, len(words), len(counts))
+            logger.info("Wrote %s: %d entries (%d distinct words in the %d sentences counted)", kept, len(words),
+                        len(counts), sentences)
         elif os.path.abspath(source) != os.path.abspath(kept):
             with atomic_output_file(kept) as partial:
                 shutil.copyfile(source, partial)

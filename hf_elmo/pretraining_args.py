@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --build-vocab: keep words seen at least this often (default: %(default)s).")
     vocab.add_argument("--max-vocab-size", type=int, default=None,
                        help="with --build-vocab: keep at most this many entries, <S> </S> <UNK> included.")
+    vocab.add_argument("--vocab-sentences", type=int, default=None, metavar="N",
+                       help="with --build-vocab: count only the first N sentences (lines with a word) of the "
+                       "training text, in file order: a large corpus need not be read whole first (the count is "
+                       "logged).")
 
     model = parser.add_argument_group("model")
     source = model.add_mutually_exclusive_group(required=True)
@@ -222,6 +226,8 @@ def check_args(args, parser) -> None:
         parser.error("--eval-file, --eval-split and --eval-fraction are exclusive: give one held-out text")
     if args.eval_fraction is not None and not 0 < args.eval_fraction < 1:
         parser.error(f"--eval-fraction must be between 0 and 1, got {args.eval_fraction}")
+    if args.vocab_sentences is not None and (args.vocab_sentences < 1 or not args.build_vocab):
+        parser.error("--vocab-sentences goes with --build-vocab and must be >= 1")
     if args.vocab and args.build_vocab:
         parser.error("--vocab and --build-vocab are exclusive: use a vocabulary file, or build one")
     if (args.num_softmax_samples < 0 or args.warmup_steps < 0 or args.max_grad_norm < 0 or args.num_workers < 0

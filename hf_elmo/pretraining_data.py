@@ -135,15 +135,22 @@ class WordSplitter:
 # ---------------------------------------------------------------------------------------------------------------
 # Word vocabulary: counting the corpus here; building, reading and writing the file in vocabulary.py
 # ---------------------------------------------------------------------------------------------------------------
-def count_words(files: list[str], split_words: Callable[[str], list[str]]) -> collections.Counter:
-    counts = collections.Counter()
+def count_words(files: list[str], split_words: Callable[[str], list[str]],
+                max_sentences: int | None = None) -> tuple[collections.Counter, int]:
+    """The words of `files` (in their sorted order) and their counts, over the first `max_sentences` lines that hold
+    a word (all by default); with how many such lines were counted."""
+    counts, sentences = collections.Counter(), 0
     for path in files:
         with open(path, "rb") as handle:
             for line_number, raw in enumerate(handle, 1):
-                counts.update(split_words(_decode(raw, path, line_number)))
+                if max_sentences is not None and sentences >= max_sentences:
+                    break
+                words = split_words(_decode(raw, path, line_number))
+                counts.update(words)
+                sentences += bool(words)
     for word in SPECIAL_WORDS:
         counts.pop(word, None)
-    return counts
+    return counts, sentences
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -274,8 +274,11 @@ def test_bad_labels_and_configs_are_clear_errors():
 def test_vocabulary_is_frequency_sorted_in_bilm_tf_format(tmp_path, elmo_fixture):
     corpus = tmp_path / "a.txt"
     corpus.write_text("the cat sat .\nthe dog sat .\n\nthe <S> cat\n", encoding="utf-8")
-    counts = count_words([str(corpus)], str.split)
-    assert build_vocab(counts) == ["<S>", "</S>", "<UNK>", "the", ".", "cat", "sat", "dog"]
+    counts, sentences = count_words([str(corpus)], str.split)
+    assert sentences == 3 and build_vocab(counts) == ["<S>", "</S>", "<UNK>", "the", ".", "cat", "sat", "dog"]
+    # --vocab-sentences: the first sentences only (the empty line is no sentence).
+    first, sentences = count_words([str(corpus)], str.split, max_sentences=2)
+    assert sentences == 2 and first == {"the": 2, "cat": 1, "sat": 2, ".": 2, "dog": 1}
     assert build_vocab(counts, min_count=2) == ["<S>", "</S>", "<UNK>", "the", ".", "cat", "sat"]
     assert build_vocab(counts, max_size=5) == ["<S>", "</S>", "<UNK>", "the", "."]
     path = write_vocab(build_vocab(counts, min_count=2), str(tmp_path / "vocab.txt"))
@@ -1184,13 +1187,14 @@ def test_pretrain_from_a_local_datasets_folder_exports_once_and_resumes(corpus, 
     (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     output = tmp_path / "bilm"
     command = ["--dataset-name", str(folder), "--eval-fraction", "0.1", "--config", str(corpus / "tiny.json"),
-               "--output-dir", str(output), "--build-vocab", "--batch-size", "8", "--num-workers", "0",
-               "--report-to", "none", "--save-steps", "2"]
+               "--output-dir", str(output), "--build-vocab", "--vocab-sentences", "100", "--batch-size", "8",
+               "--num-workers", "0", "--report-to", "none", "--save-steps", "2"]
     with caplog.at_level("INFO"):
         assert pretrain_main([*command, "--max-steps", "2"]) == 0
     _reset_accelerate()
     assert ("column 'text': 266 lines of text from 135 records (2 without text, skipped), 30 held-out lines"
             in caplog.text)
+    assert re.search(r"Wrote \S+vocab.txt: \d+ entries \(\d+ distinct words in the 100 sentences counted\)", caplog.text)
     exported = list((tmp_path / "cache" / "datasets").iterdir())
     assert len(exported) == 1 and sorted(p.name for p in exported[0].iterdir()) == ["eval-00000.txt",
                                                                                     "train-00000.txt"]
