@@ -5,10 +5,14 @@
 
     accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 -m hf_elmo.cli pretrain ...same options...
 
+    hf-elmo pretrain --dataset-name wikimedia/wikipedia --dataset-config 20231101.nb --eval-fraction 0.01 \
+        --build-vocab --min-count 3 --config small --max-steps 100000 --output-dir elmo-nb \
+        --push-to-hub --hub-model-id your-name/elmo-nb
+
 (`hf-elmo-pretrain` and `examples/pretrain_elmo.py` are older names of the same program.)
 
-The corpus is plain text, one sentence per line, in any number of shards (globs). It is streamed, so it may be
-larger than memory. Batches are whole sentences, each read from a zero LSTM state (see hf_elmo.pretraining_data for
+The corpus is plain text, one sentence per line, in any number of shards (globs), or a `datasets` dataset
+exported once into such files (hf_elmo.pretraining_datasets). It is streamed, so it may be larger than memory. Batches are whole sentences, each read from a zero LSTM state (see hf_elmo.pretraining_data for
 why this and not bilm-tf's stateful 20-token windows). The objective is bilm-tf's: forward and backward LM losses
 over a frequency-sorted word vocabulary, one softmax shared by both directions, a sampled softmax with 8192
 log-uniform negatives in training, the full softmax for evaluation. So is the recipe, by default: a new model
