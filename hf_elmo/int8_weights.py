@@ -94,22 +94,22 @@ _MEASURED_KERNEL: list[str] = []
 MEASURED_COLUMNS = (4, 32)
 
 
-def measure_kernels(weight: torch.Tensor) -> dict[str, float] | None:
+def measure_kernels(weight: torch.Tensor, quantized: "Int8Linear") -> dict[str, float] | None:
     """
-    Time both int8 kernels and the fp32 product (`cpu_tuning.few_column_matmul`, itself measured) on `weight`, a
-    model's largest linear map, as a recurrence step runs them (into a buffer, adding to what it holds; "bf16-dot"
-    on weights widened once), for `MEASURED_COLUMNS` columns, the best of three each, interleaved; keep the faster
-    int8 kernel for this process and log the seconds. Which is faster depends on the CPU: on a Zen 4 "bf16-dot"
-    ran "original" at 1.5x fp32, on an Intel Xeon with AMX it ran at 0.67x. Where neither beats fp32, a warning says
+    Time both int8 kernels and the fp32 product (`cpu_tuning.few_column_matmul`, itself measured) on a model's
+    largest linear map, `weight` in fp32 and `quantized` its `Int8Linear` (the one the model keeps), as a recurrence
+    step runs them (into a buffer, adding to what it holds; "bf16-dot" on weights widened once), for
+    `MEASURED_COLUMNS` columns, the best of three each, interleaved; keep the faster int8 kernel for this process
+    (`quantized` included) and log the seconds. Which is faster depends on the CPU: on a Zen 4 "bf16-dot" ran
+    "original" at 1.5x fp32, on an Intel Xeon with AMX it ran at 0.67x. Where neither beats fp32, a warning says
     so. Measured once per process, and not at all when `HF_ELMO_INT8_KERNEL` or `HF_ELMO_CPU_TUNING=fixed` is set
     (returns None).
     """
     if _MEASURED_KERNEL or os.environ.get(KERNEL_VARIABLE, "").strip() or tuning_is_fixed():
         return None
     weight = weight.detach().float()
-    values, scale = quantized_rows(weight)
-    pack = Int8Linear(values, scale, None)
-    pack.kernel = "int8-pack"
+    pack = quantized
+    pack.kernel = "int8-pack"  # its own products are the "int8-pack" ones; the kept kernel is set below
     seconds = dict.fromkeys(("fp32", *KERNELS), 0.0)
     with torch.no_grad():
         for count in MEASURED_COLUMNS:
@@ -129,6 +129,7 @@ def measure_kernels(weight: torch.Tensor) -> dict[str, float] | None:
                 seconds[name] += best[name]
     kernel = faster_kernel(seconds)
     _MEASURED_KERNEL.append(kernel)
+    quantized.kernel = kernel
     shown = ", ".join(f"{name} {1e3 * value:.2f} ms" for name, value in seconds.items())
     if seconds[kernel] >= seconds["fp32"]:
         logger.warning("int8 weights multiply slower than fp32 on this CPU (%s, for a %s weight): they save memory "
@@ -334,17 +335,21 @@ def quantize_linear_maps(module: nn.Module, linear_type: type) -> None:
     """Replace every `linear_type` submodule of `module` by its `Int8Linear`, on the kernel this process measured
     faster on the largest of them (`measure_kernels`)."""
     linears = [child for child in module.modules() if isinstance(child, linear_type)]
-    if linears:
-        measure_kernels(max(linears, key=lambda linear: linear.weight.numel()).weight)
-    _replace_linear_maps(module, linear_type)
+    if not linears:
+        return
+    # The largest is quantized first, measured on, and kept: it is not quantized a second time.
+    largest = max(linears, key=lambda linear: linear.weight.numel())
+    quantized = {largest: Int8Linear.from_linear(largest)}
+    measure_kernels(largest.weight, quantized[largest])
+    _replace_linear_maps(module, linear_type, quantized)
 
 
-def _replace_linear_maps(module: nn.Module, linear_type: type) -> None:
+def _replace_linear_maps(module: nn.Module, linear_type: type, quantized: dict) -> None:
     for name, child in list(module.named_children()):
         if isinstance(child, linear_type):
-            setattr(module, name, Int8Linear.from_linear(child))
+            setattr(module, name, quantized[child] if child in quantized else Int8Linear.from_linear(child))
         else:
-            _replace_linear_maps(child, linear_type)
+            _replace_linear_maps(child, linear_type, quantized)
 
 
 def holds_int8_weights(module: nn.Module) -> bool:

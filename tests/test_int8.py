@@ -148,10 +148,12 @@ def test_the_kernel_is_the_one_measured_faster_on_this_cpu(converted_dir, monkey
     assert (lines[0].levelname == "WARNING") == slower
     assert ("slower than fp32 on this CPU" in lines[0].getMessage()) == slower
     # Measured once per process; not at all where the kernel is named, or the tuning fixed.
-    assert int8_weights.measure_kernels(torch.ones(8, 8)) is None and int8_weights.product_kernel() == kernel
+    small = nn.Linear(8, 8)
+    assert int8_weights.measure_kernels(small.weight, Int8Linear.from_linear(small)) is None
+    assert int8_weights.product_kernel() == kernel
     monkeypatch.setattr(int8_weights, "_MEASURED_KERNEL", [])
     monkeypatch.setenv("HF_ELMO_CPU_TUNING", "fixed")
-    assert int8_weights.measure_kernels(torch.ones(8, 8)) is None
+    assert int8_weights.measure_kernels(small.weight, Int8Linear.from_linear(small)) is None
     assert int8_weights.product_kernel() == ("bf16-dot" if int8_weights.has_bf16_dot_products() else "int8-pack")
 
 
