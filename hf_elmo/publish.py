@@ -141,8 +141,9 @@ def read_run_metrics(path: str) -> dict | None:
 def read_pretraining(model_dir: str) -> dict | None:
     """
     What a finished `hf-elmo pretrain` folder records of its run, for the card: the training files by name (never
-    their folders, which are the user's own), tokens seen, the wall time of all its runs (resumed ones added), held-out perplexity at the end
-    and at each evaluation (metrics.jsonl), and the recipe. None for any other folder.
+    their folders, which are the user's own), tokens seen, the wall time of all its runs (resumed ones added),
+    held-out perplexity at the end and at each evaluation (metrics.jsonl), and the recipe. None for any other
+    folder.
     """
     arguments = _read_json(os.path.join(model_dir, TRAINING_ARGS_FILE))
     results = _read_json(os.path.join(model_dir, "eval_results.json"))
@@ -175,10 +176,11 @@ def read_pretraining(model_dir: str) -> dict | None:
 
 
 def folder_model_card(model_dir: str, config, repo_id: str | None = None, license: str | None = None,
-                      perplexity_plot: str | None = None):
+                      pretraining: dict | None = None, perplexity_plot: str | None = None):
     """
     The card of an ELMo folder, from what it holds: the converter's bilm_tf_source.json; for a fine-tuned head, the
-    run's metrics.json and layer_weights.png; for a biLM of `hf-elmo pretrain`, its run (`read_pretraining`), with
+    run's metrics.json and layer_weights.png; for a biLM of `hf-elmo pretrain`, its run (`pretraining`, as
+    `read_pretraining` gives it, which `prepare_folder` reads once for the plot and the card), with
     `perplexity_plot` (a file the caller wrote beside the card). `hf-elmo publish` and the fine-tuning examples
     both write it.
     """
@@ -189,7 +191,7 @@ def folder_model_card(model_dir: str, config, repo_id: str | None = None, licens
         license=license,
         training=read_run_metrics(os.path.join(model_dir, METRICS_FILE)),
         layer_weights_plot=LAYER_WEIGHTS_PLOT if os.path.isfile(os.path.join(model_dir, LAYER_WEIGHTS_PLOT)) else None,
-        pretraining=read_pretraining(model_dir),
+        pretraining=pretraining,
         perplexity_plot=perplexity_plot,
     )
 
@@ -268,7 +270,8 @@ def prepare_folder(
                 plot = PERPLEXITY_PLOT
             except ImportError:
                 logger.info("matplotlib is not installed: the card shows the perplexity curve as a table")
-        card = folder_model_card(model_dir, config, repo_id=repo_id, license=license, perplexity_plot=plot)
+        card = folder_model_card(model_dir, config, repo_id=repo_id, license=license, pretraining=pretraining,
+                                 perplexity_plot=plot)
     card.save(card_path)
 
     files = sorted(
