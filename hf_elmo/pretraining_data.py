@@ -141,13 +141,15 @@ def count_words(files: list[str], split_words: Callable[[str], list[str]],
     a word (all by default); with how many such lines were counted."""
     counts, sentences = collections.Counter(), 0
     for path in files:
+        if max_sentences is not None and sentences >= max_sentences:
+            break  # the files after it are not opened
         with open(path, "rb") as handle:
             for line_number, raw in enumerate(handle, 1):
-                if max_sentences is not None and sentences >= max_sentences:
-                    break
                 words = split_words(_decode(raw, path, line_number))
                 counts.update(words)
                 sentences += bool(words)
+                if max_sentences is not None and sentences >= max_sentences:
+                    break
     for word in SPECIAL_WORDS:
         counts.pop(word, None)
     return counts, sentences
