@@ -80,12 +80,16 @@ def export_dataset(args) -> None:
     name, split = args.dataset_name, args.dataset_split
     where = f"{name}" + (f" ({args.dataset_config})" if args.dataset_config else "")
     try:
-        if os.path.isdir(name) and os.path.isfile(os.path.join(name, "dataset_info.json")):
-            loaded = datasets.load_from_disk(name)  # a folder written by save_to_disk
+        # A folder written by save_to_disk: of a Dataset (dataset_info.json) or of a DatasetDict (dataset_dict.json).
+        if os.path.isdir(name) and any(os.path.isfile(os.path.join(name, marker))
+                                       for marker in ("dataset_info.json", "dataset_dict.json")):
+            loaded = datasets.load_from_disk(name)
         else:
             loaded = datasets.load_dataset(name, args.dataset_config)
-    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as error:
-        reason = " ".join(str(error).split())
+    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError,
+            datasets.exceptions.DatasetGenerationError) as error:
+        # A generation error (data files of the splits that do not agree, a malformed file) says why in its cause.
+        reason = " ".join(str(error.__cause__ or error).split())
         raise DatasetCorpusError(f"--dataset-name {where}: cannot be loaded ({reason}).") from None
     splits = loaded if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
     for wanted in (split, args.eval_split):
@@ -95,6 +99,8 @@ def export_dataset(args) -> None:
     table = splits[split]
     column = text_column(table, args.text_column, f"{where}[{split}]")
     eval_table = splits[args.eval_split] if args.eval_split else None
+    if eval_table is not None:
+        text_column(eval_table, column, f"{where}[{args.eval_split}]")  # the held-out split has the same column
     if args.eval_fraction:
         held_out = max(1, round(len(table) * args.eval_fraction))
         if held_out >= len(table):

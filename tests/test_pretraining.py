@@ -1211,6 +1211,21 @@ def test_pretrain_from_a_local_datasets_folder_exports_once_and_resumes(corpus, 
                           str(tmp_path / "other"), "--max-steps", "1"]) == 1
     assert error_lines(capsys)[-1] == f"{folder}[train]: give --text-column, one of its string columns (text, " \
                                       "title)"
+    # Splits whose columns differ: one line, whether datasets finds it (data files) or the run does (save_to_disk).
+    (folder / "train.jsonl").write_text(json.dumps({"text": "a b"}) + "\n", encoding="utf-8")
+    (folder / "validation.jsonl").write_text(json.dumps({"body": "c d"}) + "\n", encoding="utf-8")
+    other = ["--eval-split", "validation", "--config", str(corpus / "tiny.json"), "--output-dir",
+             str(tmp_path / "other"), "--max-steps", "1"]
+    assert pretrain_main(["--dataset-name", str(folder), *other]) == 1
+    assert error_lines(capsys)[-1].startswith(f"--dataset-name {folder}: cannot be loaded (Couldn't cast body")
+    import datasets
+
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a b"]}),
+                          "validation": datasets.Dataset.from_dict({"body": ["c d"]})}).save_to_disk(str(saved))
+    assert pretrain_main(["--dataset-name", str(saved), *other]) == 1
+    assert error_lines(capsys)[-1] == f"{saved}[validation] has no column 'text' (it has body)."
+    assert not (tmp_path / "other").exists()
     with pytest.raises(SystemExit) as stopped:
         pretrain_main(["--train-files", str(corpus / "train.txt"), "--text-column", "text", "--config",
                        str(corpus / "tiny.json"), "--output-dir", str(tmp_path / "x"), "--max-steps", "1"])
