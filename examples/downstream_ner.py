@@ -259,7 +259,7 @@ def experiment(args, results_file: str) -> int:
     stage = time.perf_counter()
     conll = conll2003_english() if args.train_file is None else {
         "train": args.train_file, "valid": args.valid_file, "test": args.test_file}
-    sotu_train, sotu_heldout = sotu_sentences()
+    sotu = None if args.pretrained else sotu_sentences()  # (train, held-out): fetched only to pretrain on
     splits = {
         "train": conll_sentences(conll["train"], args.max_train_sentences),
         "valid": conll_sentences(conll["valid"], args.max_eval_sentences),
@@ -270,7 +270,7 @@ def experiment(args, results_file: str) -> int:
     stage = time.perf_counter()
     bilm_dir = args.pretrained or os.path.join(args.output_dir, "bilm")
     if not args.pretrained:
-        pretrain(args, bilm_dir, sotu_train, sotu_heldout)
+        pretrain(args, bilm_dir, *sotu)
     wall["pretrain_s"] = round(time.perf_counter() - stage, 1)
     with open(os.path.join(bilm_dir, "eval_results.json"), encoding="utf-8") as handle:
         pretraining = json.load(handle)
