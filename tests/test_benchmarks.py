@@ -63,7 +63,7 @@ def test_bench_inference_reports_real_figures(tmp_path):
     assert result["device"] == "cpu" and result["dtype"] == "fp32" and result["threads"] == 1
     assert result["tokens_per_s"] > 0 and len(result["pass_s"]) == 2 and len(result["fastest_batch_s"]) == 3
     assert result["tokens_per_s"] >= result["tokens_per_s_best_pass"] >= result["tokens_per_s_median_pass"] * 0.999
-    assert result["tokens_per_s"] == pytest.approx(result["n_words"] / sum(result["fastest_batch_s"]), rel=1e-2)
+    assert result["tokens_per_s"] == pytest.approx(result["n_words"] / sum(result["fastest_batch_s"]), rel=1e-3)
     assert set(result["split_s"]) == {"char_cnn", "lstm", "other"}
     assert result["split_s"]["char_cnn"] > 0 and result["split_s"]["lstm"] > 0  # the part timers see the model
     assert result["max_abs_diff_vs_reference"] < 1e-5
