@@ -351,7 +351,7 @@ def main():
         vocab_file = write_vocab(vocab_words, os.path.join(workdir, "vocab.txt"))
         tokenizer = ElmoTokenizer(vocab_file=vocab_file)
     encoder = BatchEncoder.from_tokenizer(tokenizer)
-    settings = dict(files=files, split_words=splitter, batch_size=args.batch_size, seed=0, shuffle_window=100_000,
+    settings = dict(shards=files, split_words=splitter, batch_size=args.batch_size, seed=0, shuffle_window=100_000,
                     max_words=args.max_sentence_words)
 
     pipeline = {"workers_0": pipeline_rate(settings, encoder, 0, args.pipeline_epochs)}

@@ -92,6 +92,7 @@ class TrainingProgress:
 
     step: int = 0
     tokens: int = 0  # predictions per direction, all processes: words + one </S> per sentence
+    sentences: int = 0  # all processes (0 from a checkpoint of a version that did not count them)
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -115,7 +116,7 @@ def run(args) -> int:
     wrapper turns the failures into one line. A run that fails before its first checkpoint leaves nothing behind.
     """
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    if args.dataset_name:
+    if args.dataset_name and not args.streaming:
         from .pretraining_datasets import export_dataset
 
         export_dataset(args)  # the corpus as text files: from here on, a run from files
@@ -181,7 +182,7 @@ def load_config(source: str):
     return ElmoConfig.from_json_file(path)
 
 
-def resolve_vocab(args, accelerator, split_words, files) -> str:
+def resolve_vocab(args, accelerator, split_words, shards) -> str:
     """The vocabulary file of this run, always kept as OUTPUT_DIR/vocab.txt so that `--resume` finds it."""
     from .pretraining_data import count_words
     from .safe_output import atomic_output_file
@@ -216,9 +217,9 @@ def resolve_vocab(args, accelerator, split_words, files) -> str:
         )
     if accelerator.is_main_process:
         if source is None:
-            logger.info("Counting the words of %d training file(s) for the vocabulary%s", len(files),
+            logger.info("Counting the words of %d training shard(s) for the vocabulary%s", len(shards),
                         f" (their first {args.vocab_sentences} sentences)" if args.vocab_sentences else "")
-            counts, sentences = count_words(files, split_words, args.vocab_sentences)
+            counts, sentences = count_words(shards, split_words, args.vocab_sentences)
             words = build_vocab(counts, min_count=args.min_count, max_size=args.max_vocab_size)
             write_vocab(words, kept)
             logger.info("Wrote %s: %d entries (%d distinct words in the %d sentences counted)", kept, len(words),
@@ -393,7 +394,7 @@ class PretrainingRun:
         from accelerate.utils import set_seed
 
         from .host_memory import keep_freed_blocks
-        from .pretraining_data import BatchEncoder, SentenceBatchStream, WordSplitter, resolve_shards
+        from .pretraining_data import BatchEncoder, SentenceBatchStream, TextFiles, WordSplitter, resolve_shards
         from .threads import set_threads
         from .tokenization_elmo import ElmoTokenizer
 
@@ -406,13 +407,20 @@ class PretrainingRun:
             logger.info("Freed memory is kept for reuse (glibc malloc: large blocks from the heap, never trimmed)")
 
         self.split_words = WordSplitter(args.pre_tokenizer)
-        files = resolve_shards(args.train_files, split_words=self.split_words)
         # What the text is, not where it lies: a resumed run must read the same bytes the checkpoint's position
         # counts in (a file edited or swapped would be resumed mid-way through other text).
-        self.data_record = {"train_files": [file_record(path) for path in files], "pre_tokenizer": args.pre_tokenizer}
+        if args.streaming:
+            from .pretraining_datasets import open_streamed_dataset
+
+            shards = open_streamed_dataset(args)
+            self.data_record = {"dataset": shards.record(), "pre_tokenizer": args.pre_tokenizer}
+        else:
+            shards = TextFiles(resolve_shards(args.train_files, split_words=self.split_words))
+            self.data_record = {"train_files": [file_record(path) for path in shards.names],
+                                "pre_tokenizer": args.pre_tokenizer}
         # First: a bad --init-from or --config stops the run before anything is written.
         base, encoder = load_encoder(args)
-        vocab_file = resolve_vocab(args, accelerator, self.split_words, files)
+        vocab_file = resolve_vocab(args, accelerator, self.split_words, shards)
         self.tokenizer = ElmoTokenizer(
             vocab_file=vocab_file, pre_tokenizer=args.pre_tokenizer,
             max_characters_per_token=base["max_characters_per_token"],
@@ -429,10 +437,10 @@ class PretrainingRun:
             # Off by default; torch's Adagrad builds sparse tensors without saying so, and warns unless told.
             torch.sparse.check_sparse_tensor_invariants.disable()
         logger.info(
-            "Model: %d parameters, vocabulary %d words, %s softmax in training (%s gradient); %d training file(s)",
+            "Model: %d parameters, vocabulary %d words, %s softmax in training (%s gradient); %d training shard(s)",
             model.num_parameters(), model.config.vocab_size,
             f"sampled ({model.config.num_softmax_samples} negatives)" if sampled else "full",
-            "sparse" if model.softmax.sparse else "dense", len(files),
+            "sparse" if model.softmax.sparse else "dense", len(shards),
         )
         self.batch_encoder = BatchEncoder.from_tokenizer(
             self.tokenizer, pad_to_multiple_of=padding_multiple(model.config, accelerator.device, self.captured),
@@ -442,7 +450,7 @@ class PretrainingRun:
         self.eval_batches = self._eval_batches()
 
         self.stream_settings = dict(
-            files=files, split_words=self.split_words, batch_size=args.batch_size, seed=args.seed,
+            shards=shards, split_words=self.split_words, batch_size=args.batch_size, seed=args.seed,
             rank=accelerator.process_index, world_size=accelerator.num_processes, shuffle_window=args.shuffle_window,
             max_words=args.max_sentence_words, group_by_length=not args.no_group_by_length,
         )
@@ -598,8 +606,9 @@ class PretrainingRun:
         if "error" in item:
             raise CorpusError(item["error"])
         self.stream.set_position(item.pop("stream_position"))
-        tokens = item.pop("num_tokens")
-        return {key: value.to(self.accelerator.device, non_blocking=True) for key, value in item.items()}, tokens
+        # Predictions, and sentences: the rows that hold a word (the captured step's padding rows hold none).
+        counts = (item.pop("num_tokens"), int(item["attention_mask"][:, 0].sum()))
+        return {key: value.to(self.accelerator.device, non_blocking=True) for key, value in item.items()}, counts
 
     def optimizer_step(self, window: "LossWindow") -> float | torch.Tensor:
         """
@@ -610,8 +619,8 @@ class PretrainingRun:
         args, accelerator, model = self.args, self.accelerator, self.model
         if self.captured_step is not None:
             for _ in range(args.gradient_accumulation_steps):
-                batch, tokens = self.next_batch()
-                window.add(self.captured_step.accumulate(batch).double(), tokens)
+                batch, counts = self.next_batch()
+                window.add(self.captured_step.accumulate(batch).double(), counts)
             self.captured_step.all_reduce()
             grad_norm = self.captured_step.update()  # on the device: read at logging steps only
             with warnings.catch_warnings():
@@ -622,13 +631,13 @@ class PretrainingRun:
             return grad_norm
         micro_losses = []
         for _ in range(args.gradient_accumulation_steps):
-            batch, tokens = self.next_batch()
+            batch, counts = self.next_batch()
             with accelerator.accumulate(model):
                 outputs = model(**batch)
                 # bilm-tf's gradient scale; the losses logged stay the unscaled means.
                 accelerator.backward(outputs.loss * args.loss_scale)
             losses = torch.stack([outputs.loss, outputs.forward_loss, outputs.backward_loss]).detach().double()
-            window.add(losses, tokens)
+            window.add(losses, counts)
             micro_losses.append(losses[0])
         assert accelerator.sync_gradients, "gradient accumulation went out of step"
         accelerator.unscale_gradients()  # a no-op but under fp16's GradScaler
@@ -659,6 +668,7 @@ class PretrainingRun:
         grad_norm = float(grad_norm)
         totals, elapsed = window.reduce(self.accelerator)
         self.progress.tokens += int(totals[4])
+        self.progress.sentences += int(totals[5])
         n = float(totals[3])
         stats = self.stream.stats
         metrics = {
@@ -669,9 +679,11 @@ class PretrainingRun:
             "train/grad_norm": grad_norm,
             "train/tokens_per_second": float(totals[4]) / elapsed,
             "train/tokens_seen": self.progress.tokens,
+            "train/sentences_seen": self.progress.sentences,
             "data/epoch": self.stream.epoch,
             "data/empty_lines_skipped": stats.empty_lines_skipped,
             "data/long_lines_split": stats.long_lines_split,
+            "data/records_without_text": stats.records_without_text,
         }
         self.log_metrics(metrics)
         logger.info(
@@ -756,7 +768,8 @@ class PretrainingRun:
         state_dict = accelerator.get_state_dict(self.model)
         if self.main_process:
             save_final(self.args.output_dir, unwrapped, state_dict, self.tokenizer,
-                       {"step": progress.step, "tokens_seen": progress.tokens, **scores})
+                       {"step": progress.step, "tokens_seen": progress.tokens, "sentences_seen": progress.sentences,
+                        **scores})
             logger.info("Saved the final model to %s", self.args.output_dir)
         accelerator.wait_for_everyone()
         accelerator.end_training()
@@ -772,27 +785,30 @@ class PretrainingRun:
 
 class LossWindow:
     """
-    The summed losses (loss, forward, backward), micro-batches and predictions since the last logging step. They
-    stay on the device until a logging step: reading them every micro-batch would stall the device.
+    The summed losses (loss, forward, backward), micro-batches, predictions and sentences since the last logging
+    step. The losses stay on the device until a logging step: reading them every micro-batch would stall it.
     """
 
     def __init__(self, device: torch.device):
         self.losses = torch.zeros(3, dtype=torch.float64, device=device)
-        self.batches = self.tokens = 0
+        self.batches = self.tokens = self.sentences = 0
         self.start = time.perf_counter()
 
-    def add(self, losses: torch.Tensor, tokens: int) -> None:
+    def add(self, losses: torch.Tensor, counts: tuple[int, int]) -> None:
+        """A micro-batch's losses, and its (predictions, sentences)."""
         self.losses += losses
-        self.batches, self.tokens = self.batches + 1, self.tokens + tokens
+        self.batches, self.tokens, self.sentences = (self.batches + 1, self.tokens + counts[0],
+                                                     self.sentences + counts[1])
 
     def reduce(self, accelerator) -> tuple[torch.Tensor, float]:
-        """The sums over all processes (loss, forward, backward, micro-batches, predictions) and the seconds the
-        window took; then starts the next window."""
-        counts = torch.tensor([self.batches, self.tokens], dtype=torch.float64, device=self.losses.device)
+        """The sums over all processes (loss, forward, backward, micro-batches, predictions, sentences) and the
+        seconds the window took; then starts the next window."""
+        counts = torch.tensor([self.batches, self.tokens, self.sentences], dtype=torch.float64,
+                              device=self.losses.device)
         totals = accelerator.reduce(torch.cat([self.losses, counts]), reduction="sum").cpu()
         elapsed = time.perf_counter() - self.start
         self.losses.zero_()
-        self.batches = self.tokens = 0
+        self.batches = self.tokens = self.sentences = 0
         self.start = time.perf_counter()
         return totals, elapsed
 

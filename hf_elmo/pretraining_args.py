@@ -12,7 +12,8 @@
 (`hf-elmo-pretrain` and `examples/pretrain_elmo.py` are older names of the same program.)
 
 The corpus is plain text, one sentence per line, in any number of shards (globs), or a `datasets` dataset
-exported once into such files (hf_elmo.pretraining_datasets). It is streamed, so it may be larger than memory. Batches are whole sentences, each read from a zero LSTM state (see hf_elmo.pretraining_data for
+exported once into such files, or read as a stream with --streaming (hf_elmo.pretraining_datasets). It is read a
+shuffle window at a time, so it may be larger than memory. Batches are whole sentences, each read from a zero LSTM state (see hf_elmo.pretraining_data for
 why this and not bilm-tf's stateful 20-token windows). The objective is bilm-tf's: forward and backward LM losses
 over a frequency-sorted word vocabulary, one softmax shared by both directions, a sampled softmax with 8192
 log-uniform negatives in training, the full softmax for evaluation. So is the recipe, by default: a new model
@@ -61,17 +62,25 @@ def build_parser() -> argparse.ArgumentParser:
                       "the function registered (README, 'Scripts written without spaces').")
     hub_data = parser.add_argument_group(
         "data from `datasets` (instead of --train-files; needs `pip install datasets`): the split's text column is "
-        "exported once into text files in the user cache ($HF_ELMO_CACHE/datasets) and read as --train-files are; "
-        "the whole split is read first (no streaming yet)")
+        "exported once into text files in the user cache ($HF_ELMO_CACHE/datasets) and read as --train-files are, "
+        "or, with --streaming, read as the run trains")
     hub_data.add_argument("--dataset-name", metavar="NAME_OR_FOLDER",
                           help="a dataset on the Hub (e.g. wikimedia/wikipedia), a folder of data files (parquet, "
                           "json lines, csv, text) or a folder written by save_to_disk.")
     hub_data.add_argument("--dataset-config", default=None, help="its configuration (e.g. 20231101.nb).")
+    hub_data.add_argument("--dataset-revision", default=None,
+                          help="a Hub dataset's branch, tag or commit (default: the newest); the commit read is "
+                          "recorded, and every process reads that one.")
     hub_data.add_argument("--dataset-split", default="train", help="the split to train on (default: %(default)s).")
     hub_data.add_argument("--text-column", default=None,
                           help="the column holding the text (default: the only string column; several are an "
                           "error listing them). A record's text is split into lines; records without text are "
                           "counted and skipped.")
+    hub_data.add_argument("--streaming", action="store_true",
+                          help="read the split as training goes instead of exporting it whole first: only what is "
+                          "trained on is downloaded and read, and memory holds the shuffle window, not the corpus. "
+                          "The dataset's shards (data files) are shuffled per epoch, records inside a window; "
+                          "--resume reads on from where the checkpoint stopped.")
     hub_data.add_argument("--eval-split", default=None, help="a split of held-out text (instead of --eval-file).")
     hub_data.add_argument("--eval-fraction", type=float, default=None,
                           help="hold out this fraction of the training split's records, its last ones, as held-out "
@@ -222,12 +231,15 @@ def check_args(args, parser) -> None:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if bool(args.train_files) == bool(args.dataset_name):
         parser.error("give the training text: --train-files, or --dataset-name (not both)")
-    dataset_options = [o for o in ("dataset_config", "text_column", "eval_split", "eval_fraction")
-                       if getattr(args, o) is not None]
+    dataset_options = [o for o in ("dataset_config", "dataset_revision", "text_column", "eval_split", "eval_fraction")
+                       if getattr(args, o) is not None] + (["streaming"] if args.streaming else [])
     if dataset_options and not args.dataset_name:
         parser.error(f"--{dataset_options[0].replace('_', '-')} goes with --dataset-name")
     if sum(o is not None for o in (args.eval_file, args.eval_split, args.eval_fraction)) > 1:
         parser.error("--eval-file, --eval-split and --eval-fraction are exclusive: give one held-out text")
+    if args.streaming and args.eval_fraction is not None:
+        parser.error("--eval-fraction needs the split's length, which a stream does not know: with --streaming give "
+                     "--eval-split or --eval-file")
     if args.eval_fraction is not None and not 0 < args.eval_fraction < 1:
         parser.error(f"--eval-fraction must be between 0 and 1, got {args.eval_fraction}")
     if args.vocab_sentences is not None and (args.vocab_sentences < 1 or not args.build_vocab):

@@ -80,8 +80,9 @@ def check_inputs_outside(args) -> None:
     current folder either). Called before anything is written."""
     from .safe_output import check_not_an_input
 
-    inputs = [path for pattern in args.train_files for path in (glob.glob(pattern) or [pattern])]
-    inputs += [p for p in (args.eval_file, args.vocab, args.init_from) if p]
+    inputs = [path for pattern in args.train_files or [] for path in (glob.glob(pattern) or [pattern])]
+    local_dataset = args.dataset_name if args.dataset_name and os.path.isdir(args.dataset_name) else None
+    inputs += [p for p in (args.eval_file, args.vocab, args.init_from, local_dataset) if p]
     check_not_an_input(os.path.abspath(args.output_dir), [os.path.abspath(p) for p in inputs])
 
 
@@ -176,21 +177,28 @@ TRAINING_STATE_COUNTS = {
     "stream.groups_done": 0, **{f"stream.window_start.{k}": 0 for k in ("epoch", "shard", "offset", "line")},
     **{f"stream.stats.{k}": 0 for k in ("sentences", "words", "empty_lines_skipped", "long_lines_split")},
 }
+# Counts a checkpoint of an earlier version lacks (read as 0); checked where present.
+TRAINING_STATE_COUNTS_ADDED = {"progress.sentences": 0, "stream.stats.records_without_text": 0}
 
 
 def check_training_state(state: dict, state_file: str) -> None:
     """Every count a resumed run reads is a whole number in range, and the names are strings: a hand-edited or
     damaged file (a step of -3, 1e30 or "four") is one line naming the field, not a crash later."""
-    def field(path: str):
+    absent = object()
+
+    def field(path: str, default=absent):
         value = state
         for key in path.split("."):
             if not isinstance(value, dict) or key not in value:
+                if default is not absent:
+                    return default
                 raise CheckpointError(f"--resume: {state_file} has no {path}; the checkpoint is damaged.")
             value = value[key]
         return value
 
-    for path, least in TRAINING_STATE_COUNTS.items():
-        value = field(path)
+    counts = [(path, least, field(path)) for path, least in TRAINING_STATE_COUNTS.items()]
+    counts += [(path, least, field(path, least)) for path, least in TRAINING_STATE_COUNTS_ADDED.items()]
+    for path, least, value in counts:
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise CheckpointError(f"--resume: {state_file}: {path} must be a whole number >= {least}, got "
                                   f"{value!r}; the checkpoint is damaged (resume from an earlier one, or start afresh).")
@@ -252,8 +260,8 @@ def read_checkpoint(checkpoint: str, args, model, vocab_digest: str, data_record
     if changed:
         raise CheckpointError(
             f"--resume: {checkpoint} was trained on other text than this run would read ({'; '.join(changed)}): "
-            "its position in the data would point into other lines. Resume with the original --train-files and "
-            "--pre-tokenizer, or start afresh in another --output-dir."
+            "its position in the data would point into other lines. Resume with the original --train-files (or "
+            "--dataset-name) and --pre-tokenizer, or start afresh in another --output-dir."
         )
     if state["vocab_sha256"] != vocab_digest:
         raise CheckpointError(

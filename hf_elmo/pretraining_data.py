@@ -1,6 +1,7 @@
 """Corpus side of ELMo pretraining: shard files, the word vocabulary, and a resumable stream of sentence batches.
 
-The corpus is plain text, one sentence per line, in any number of shard files. It is streamed, never loaded whole:
+The corpus is plain text, one sentence per line, in any number of shard files, or a streamed `datasets` split (its
+shards read the same way, hf_elmo.pretraining_datasets). It is streamed, never loaded whole:
 sentences are read a window at a time (`shuffle_window` sentences), shuffled inside the window, cut into batches,
 and the batches are dealt round-robin to the processes. Everything about the order is a pure function of the seed
 and the position in the corpus, so the stream's state is just "which window, how far into it" (`state_dict`), and
@@ -133,23 +134,59 @@ class WordSplitter:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Shards: where the stream's lines come from
+# ---------------------------------------------------------------------------------------------------------------
+class TextFiles:
+    """
+    A corpus of UTF-8 text files, one sentence per line, as the stream's shards: shard i is file i, and a place in
+    it is a byte offset and the number of lines before it (for error messages). The other kind of shards is a
+    streamed `datasets` split (`pretraining_datasets.StreamedDataset`), read through the same two members:
+
+    - `names`: one name per shard, what the stream's `settings()` records and its errors show;
+    - `read(index, offset, line)`: shard `index`'s lines from that place on, each as `(text, offset, line)` with
+      the place just after it; `text` is None for a record that holds no text (never from a text file).
+    """
+
+    def __init__(self, paths: list[str]):
+        self.names = list(paths)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def read(self, index: int, offset: int, line: int) -> Iterator[tuple[str | None, int, int]]:
+        path = self.names[index]
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            for raw in handle:
+                offset += len(raw)
+                line += 1
+                yield _decode(raw, path, line), offset, line
+
+
+def as_shards(shards) -> "TextFiles":
+    """A list of file paths as `TextFiles`; shards of either kind as they are."""
+    return TextFiles(shards) if isinstance(shards, (list, tuple)) else shards
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Word vocabulary: counting the corpus here; building, reading and writing the file in vocabulary.py
 # ---------------------------------------------------------------------------------------------------------------
-def count_words(files: list[str], split_words: Callable[[str], list[str]],
+def count_words(shards: "TextFiles | list[str]", split_words: Callable[[str], list[str]],
                 max_sentences: int | None = None) -> tuple[collections.Counter, int]:
-    """The words of `files` (in their sorted order) and their counts, over the first `max_sentences` lines that hold
-    a word (all by default); with how many such lines were counted."""
+    """The words of the corpus (its shards in their own order: text files sorted, a dataset's shards by number)
+    and their counts, over the first `max_sentences` lines that hold a word (all by default); with how many such
+    lines were counted. Shards after the limit are not opened."""
+    shards = as_shards(shards)
     counts, sentences = collections.Counter(), 0
-    for path in files:
+    for index in range(len(shards)):
         if max_sentences is not None and sentences >= max_sentences:
-            break  # the files after it are not opened
-        with open(path, "rb") as handle:
-            for line_number, raw in enumerate(handle, 1):
-                words = split_words(_decode(raw, path, line_number))
-                counts.update(words)
-                sentences += bool(words)
-                if max_sentences is not None and sentences >= max_sentences:
-                    break
+            break
+        for text, _, _ in shards.read(index, 0, 0):
+            words = split_words(text) if text is not None else []
+            counts.update(words)
+            sentences += bool(words)
+            if max_sentences is not None and sentences >= max_sentences:
+                break
     for word in SPECIAL_WORDS:
         counts.pop(word, None)
     return counts, sentences
@@ -158,9 +195,15 @@ def count_words(files: list[str], split_words: Callable[[str], list[str]],
 # ---------------------------------------------------------------------------------------------------------------
 # The stream
 # ---------------------------------------------------------------------------------------------------------------
+# What the stream's line reader gives after a shard's last line.
+END_OF_SHARD = object()
+
+
 @dataclass(frozen=True)
 class CorpusPosition:
-    """Where a read starts: pass `epoch`, `shard` (index in that epoch's shard order), byte `offset`, `line` number."""
+    """Where a read starts: pass `epoch`, `shard` (index in that epoch's shard order), and the place in that shard
+    (`offset`, `line`: a text file's byte offset and line number; a dataset shard's records read and lines read of
+    the next record)."""
 
     epoch: int = 0
     shard: int = 0
@@ -174,6 +217,7 @@ class StreamStats:
     words: int = 0
     empty_lines_skipped: int = 0
     long_lines_split: int = 0
+    records_without_text: int = 0  # a dataset's records whose text is missing, empty or not a string
 
 
 class SentenceBatchStream:
@@ -190,7 +234,7 @@ class SentenceBatchStream:
 
     def __init__(
         self,
-        files: list[str],
+        shards: "TextFiles | list[str]",
         split_words: Callable[[str], list[str]],
         batch_size: int,
         seed: int,
@@ -200,11 +244,12 @@ class SentenceBatchStream:
         max_words: int = 100,
         group_by_length: bool = True,
     ):
-        if not files:
+        shards = as_shards(shards)
+        if not len(shards):
             raise CorpusError("no training files.")
         if batch_size < 1 or max_words < 1 or shuffle_window < 1:
             raise ValueError("batch_size, max_words and shuffle_window must be >= 1.")
-        self.files = list(files)
+        self.shards = shards
         self.split_words = split_words
         self.batch_size = batch_size
         self.seed = seed
@@ -238,7 +283,7 @@ class SentenceBatchStream:
     def settings(self) -> dict:
         """What fixes the order of the batches: a resumed stream must have the same."""
         return {
-            "files": self.files,
+            "files": self.shards.names,  # the key of every checkpoint so far: a dataset's shards are named too
             "batch_size": self.batch_size,
             "world_size": self.world_size,
             "seed": self.seed,
@@ -265,25 +310,21 @@ class SentenceBatchStream:
 
     # ---- reading ----
     def shard_order(self, epoch: int) -> list[int]:
-        order = list(range(len(self.files)))
+        order = list(range(len(self.shards)))
         random.Random(f"shards:{self.seed}:{epoch}").shuffle(order)
         return order
 
-    def _lines(self, start: CorpusPosition) -> Iterator[tuple[str, CorpusPosition]]:
-        """Every line from `start` on, endlessly, with the position just after it."""
+    def _lines(self, start: CorpusPosition) -> Iterator[tuple[object, CorpusPosition]]:
+        """Every line from `start` on, endlessly, with the position just after it; None for a record without
+        text, END_OF_SHARD after each shard's last line."""
         epoch, shard, offset, line_number = start.epoch, start.shard, start.offset, start.line
         while True:
             order = self.shard_order(epoch)
             while shard < len(order):
-                path = self.files[order[shard]]
-                with open(path, "rb") as handle:
-                    handle.seek(offset)
-                    for raw in handle:
-                        offset += len(raw)
-                        line_number += 1
-                        yield _decode(raw, path, line_number), CorpusPosition(epoch, shard, offset, line_number)
+                for text, offset, line_number in self.shards.read(order[shard], offset, line_number):
+                    yield text, CorpusPosition(epoch, shard, offset, line_number)
                 shard, offset, line_number = shard + 1, 0, 0
-                yield None, CorpusPosition(epoch, shard, 0, 0)  # end of a shard
+                yield END_OF_SHARD, CorpusPosition(epoch, shard, 0, 0)
             epoch, shard = epoch + 1, 0
 
     def _read_window(self) -> None:
@@ -293,7 +334,10 @@ class SentenceBatchStream:
         whole_epoch = self.window_start.shard == 0 and self.window_start.offset == 0
         sentences_at_epoch_start = 0
         for text, position in self._lines(self.window_start):
-            if text is not None:
+            if text is None:
+                stats.records_without_text += 1
+                continue
+            if text is not END_OF_SHARD:
                 words = self.split_words(text)
                 if not words:
                     stats.empty_lines_skipped += 1
@@ -301,10 +345,11 @@ class SentenceBatchStream:
                 if len(words) > self.max_words:
                     stats.long_lines_split += 1
                 sentences.extend(words[i : i + self.max_words] for i in range(0, len(words), self.max_words))
-            end_of_epoch = position.shard == len(self.files)
+            end_of_epoch = position.shard == len(self.shards)
             if end_of_epoch:
                 if whole_epoch and len(sentences) == sentences_at_epoch_start:
-                    shown = ", ".join(self.files[:3]) + (f" and {len(self.files) - 3} more" if len(self.files) > 3 else "")
+                    names = self.shards.names
+                    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
                     raise CorpusError(
                         f"no sentence in a whole epoch of {shown}: every line is empty or whitespace only "
                         "(Unicode spaces such as U+00A0 included)."

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForPreTraining, AutoTokenizer
 
 from hf_elmo import ElmoConfig, ElmoForPreTraining, ElmoModel, ElmoTokenizer
+from hf_elmo import run_record
 from hf_elmo.cli import pretrain_main
 from hf_elmo.log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
 from hf_elmo.pretraining import COMPILED_LENGTH_BUCKET, latest_checkpoint, padding_multiple
@@ -306,9 +308,41 @@ def _write_shards(tmp_path, n_shards=3, per_shard=25):
     return files
 
 
-def test_stream_deals_every_sentence_once_per_epoch_and_resumes_exactly(tmp_path):
+def _as_dataset_folder(files: list[str], folder: Path) -> Path:
+    """The shards as a `datasets` folder of JSON lines, a file per shard, each record two lines of its shard (so a
+    window may end inside a record); a blank line is a record whose text is empty."""
+    folder.mkdir()
+    for index, path in enumerate(files):
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        records, pending = [], []
+        for line in lines:
+            if not line.strip():
+                records.append({"text": line})
+                continue
+            pending.append(line)
+            if len(pending) == 2:
+                records.append({"text": "\n".join(pending)})
+                pending = []
+        records += [{"text": line} for line in pending]
+        (folder / f"train-{index}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return folder
+
+
+def _streamed(folder: Path, **options):
+    from types import SimpleNamespace
+
+    from hf_elmo.pretraining_datasets import open_streamed_dataset
+
+    args = SimpleNamespace(dataset_name=str(folder), dataset_config=None, dataset_revision=None, dataset_split="train",
+                           text_column=None, eval_split=None, eval_file=None, **options)
+    return open_streamed_dataset(args)
+
+
+@pytest.mark.parametrize("source", ["text files", "a streamed dataset"])
+def test_stream_deals_every_sentence_once_per_epoch_and_resumes_exactly(source, tmp_path):
     files = _write_shards(tmp_path)
-    streams = [SentenceBatchStream(files, str.split, batch_size=4, seed=3, rank=r, world_size=2, shuffle_window=20,
+    shards = files if source == "text files" else _streamed(_as_dataset_folder(files, tmp_path / "data"))
+    streams = [SentenceBatchStream(shards, str.split, batch_size=4, seed=3, rank=r, world_size=2, shuffle_window=20,
                                    max_words=5) for r in range(2)]
     seen = Counter()
     while all(s.epoch == 0 for s in streams):
@@ -320,18 +354,59 @@ def test_stream_deals_every_sentence_once_per_epoch_and_resumes_exactly(tmp_path
     lines = [line.split() for path in files for line in open(path, encoding="utf-8") if line.strip()]
     assert len(lines) == 75
     assert seen == Counter(" ".join(words[i : i + 5]) for words in lines for i in range(0, len(words), 5))
-    assert streams[0].stats.empty_lines_skipped == 6 and streams[0].stats.long_lines_split == 3 * 9
+    # A dataset's blank lines are records without text: counted as such.
+    skipped = {"empty_lines_skipped": 6, "records_without_text": 0} if source == "text files" else {
+        "empty_lines_skipped": 0, "records_without_text": 6}
+    assert asdict(streams[0].stats) == {"sentences": 75 + 3 * 9, "words": sum(map(len, lines)), **skipped,
+                                        "long_lines_split": 3 * 9}
     assert streams[0].stats == streams[1].stats
 
-    # A stream restored from a state continues exactly like the original, across the epoch boundary.
-    state = streams[0].state_dict()
-    expected = [streams[0].next_batch() for _ in range(12)]
-    restored = SentenceBatchStream(files, str.split, 4, 3, rank=0, world_size=2, shuffle_window=20, max_words=5)
-    restored.load_state_dict(state)
-    assert [restored.next_batch() for _ in range(12)] == expected
-    other = SentenceBatchStream(files, str.split, 8, 3, rank=0, world_size=2, shuffle_window=20, max_words=5)
+    # A stream restored from a state continues exactly like the original, across the epoch boundary, from any
+    # batch (inside a window, and so inside a dataset's record).
+    for _ in range(3):
+        streams[0].next_batch()
+        state = streams[0].state_dict()
+        expected = [streams[0].next_batch() for _ in range(12)]
+        restored = SentenceBatchStream(shards, str.split, 4, 3, rank=0, world_size=2, shuffle_window=20, max_words=5)
+        restored.load_state_dict(json.loads(json.dumps(state)))  # as a checkpoint keeps it
+        assert [restored.next_batch() for _ in range(12)] == expected
+    other = SentenceBatchStream(shards, str.split, 8, 3, rank=0, world_size=2, shuffle_window=20, max_words=5)
     with pytest.raises(ValueError, match="made with batch_size=4, this run has 8"):
         other.load_state_dict(state)
+
+
+def test_a_streamed_dataset_holds_one_window_in_memory_whatever_the_corpus_size(tmp_path):
+    import pyarrow
+    import tracemalloc
+
+    # A generated corpus ten shuffle windows long, in 4 JSON-lines shards; read window by window, the memory held
+    # (Python objects, and Arrow's buffers, which tracemalloc does not see) is the same at the tenth window as at the
+    # second: what was read before is not kept.
+    window, words = 1000, [f"w{i}" for i in range(500)]
+    folder = tmp_path / "generated"
+    folder.mkdir()
+    for shard in range(4):
+        with open(folder / f"train-{shard}.jsonl", "w", encoding="utf-8") as handle:
+            for record in range(window * 10 // 4):
+                n = record + shard * 7
+                sentence = " ".join(words[(n * k) % 500] for k in range(1, 16 + n % 9))
+                handle.write(json.dumps({"text": sentence}) + "\n")
+    stream = SentenceBatchStream(_streamed(folder), str.split, batch_size=50, seed=0, shuffle_window=window)
+    tracemalloc.start()
+    try:
+        python_peaks, arrow_bytes = [], []
+        for _ in range(10):
+            tracemalloc.reset_peak()
+            for _ in range(window // 50):
+                stream.next_batch()
+            python_peaks.append(tracemalloc.get_traced_memory()[1])
+            arrow_bytes.append(pyarrow.total_allocated_bytes())
+    finally:
+        tracemalloc.stop()
+    assert stream.stats.sentences == 10 * window
+    # The first window also opens the dataset; from the second on, one window's sentences at a time.
+    assert max(python_peaks[2:]) < 1.25 * python_peaks[1], python_peaks
+    assert max(arrow_bytes[2:]) <= max(arrow_bytes[1], 1 << 20), arrow_bytes
 
 
 def test_corpus_problems_are_clear_errors(tmp_path):
@@ -646,8 +721,8 @@ def test_resume_refuses_another_model_vocabulary_or_optimizer(trained, corpus, t
     assert message == (
         f"--resume: {checkpoint} was trained on other text than this run would read (train_files.0.bytes: "
         f"{len(text)} then, {len(text) - 2} now; train_files.0.sha256: {digests[0]}… then, {digests[1]}… now): its "
-        "position in the data would point into other lines. Resume with the original --train-files and "
-        "--pre-tokenizer, or start afresh in another --output-dir."
+        "position in the data would point into other lines. Resume with the original --train-files (or "
+        "--dataset-name) and --pre-tokenizer, or start afresh in another --output-dir."
     )
     assert "(pre_tokenizer: 'ptb' then, 'whitespace' now)" in refused("--pre-tokenizer", "whitespace")
     state = json.loads((checkpoint / "training_state.json").read_text())
@@ -945,6 +1020,89 @@ def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
         (reference_dir / "eval_results.json").read_text())
 
 
+def _streaming_command(corpus, folder, output, *extra):
+    return [sys.executable, "-m", "hf_elmo.cli", "pretrain", "--dataset-name", str(folder), "--streaming",
+            "--config", str(corpus / "tiny.json"), "--output-dir", str(output), "--vocab", str(folder / "vocab.txt"),
+            "--max-sentence-words", "30", "--seed", "1", "--batch-size", "8", "--shuffle-window", "40",
+            "--num-softmax-samples", "256", "--max-steps", "14", "--save-steps", "4", "--logging-steps", "1",
+            "--report-to", "none", *extra]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the training process through /proc")
+def test_a_sigkilled_streaming_run_resumes_to_the_uninterrupted_runs_weights(corpus, tmp_path):
+    # A local datasets folder of 3 JSON-lines shards, records of one to three sentences and some without text, read
+    # with --streaming: 14 steps of 8 sentences cross shard ends, windows of 40 and the end of the first epoch.
+    lines = (corpus / "train.txt").read_text(encoding="utf-8").splitlines()[:90]
+    folder = tmp_path / "stream"
+    folder.mkdir()
+    records = []
+    while lines:
+        take = 1 + len(records) % 3
+        records.append({"text": "\n".join(lines[:take])})
+        lines = lines[take:]
+    records[4]["text"], records[11]["text"] = None, " "
+    for shard in range(3):
+        (folder / f"train-{shard}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[shard::3]),
+                                                    encoding="utf-8")
+    words = Counter(w for r in records if r["text"] for w in r["text"].split())
+    write_vocab(build_vocab(words), str(folder / "vocab.txt"))
+    env = {**_env(), "HF_ELMO_CACHE": str(tmp_path / "cache")}
+
+    reference = tmp_path / "reference"
+    done = subprocess.run(_streaming_command(corpus, folder, reference, "--num-workers", "2"), capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "Streaming " + str(folder) + "[train], column 'text': 3 shard(s), read as the run trains" in done.stderr
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(_streaming_command(corpus, folder, killed, "--num-workers", "1"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    log = []
+    try:
+        for line in process.stdout:
+            log.append(line)
+            if "Saved checkpoint" in line and line.rstrip().endswith("checkpoint-4"):
+                _kill_tree(process.pid)  # the run and its DataLoader worker, mid-training
+                break
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            _kill_tree(process.pid)
+            process.wait()
+    assert process.returncode == -signal.SIGKILL, "".join(log)[-4000:]
+    assert not (killed / "model.safetensors").exists()
+    resume_from = latest_checkpoint(str(killed))
+    state = json.loads((Path(resume_from) / "training_state.json").read_text())
+    # The checkpoint holds what the data are (the shards by name, size and SHA-256) and where the stream stands.
+    assert state["data"]["dataset"] == {"dataset": "stream", "config": None, "split": "train", "column": "text",
+                                        "data_files": [run_record.file_record(str(folder / f"train-{i}.jsonl"))
+                                                       for i in range(3)]}
+    assert state["stream"]["files"] == [f"{folder}[train] shard {i} of 3" for i in (1, 2, 3)]
+
+    resumed = subprocess.run(_streaming_command(corpus, folder, killed, "--num-workers", "0", "--resume"),
+                             capture_output=True, text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"Resumed from {resume_from}" in resumed.stderr
+    expected, got = load_file(reference / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert all(torch.equal(expected[k], got[k]) for k in expected), "the resumed run's weights differ"
+    # Each step's loss, logged by the two runs, is the uninterrupted run's.
+    def losses(output):
+        return {r["step"]: r["train/loss"] for r in map(json.loads, (output / "metrics.jsonl").read_text()
+                                                                     .splitlines()) if "train/loss" in r}
+    assert losses(killed) == losses(reference) and len(losses(reference)) == 14
+
+    # Other text under the same name is refused on --resume, naming the difference.
+    (folder / "train-2.jsonl").write_text(json.dumps({"text": "other text ."}) + "\n", encoding="utf-8")
+    again = subprocess.run(_streaming_command(corpus, folder, killed, "--num-workers", "0", "--resume",
+                                              "--max-steps", "20"),
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 1
+    refusal = again.stderr.strip().splitlines()[-1]
+    assert refusal.startswith(f"error: --resume: {killed / 'checkpoint-14'} was trained on other text than this run "
+                              "would read (dataset.data_files.2.bytes: ")
+    assert "dataset.data_files.2.sha256: " in refusal
+
+
 def test_sampled_softmax_losses_and_gradients_equal_the_plain_formula_with_accidental_hits():
     # The loss is computed without concatenating the logits and with accidental hits found per target; against the
     # plain formula (cat, every pair compared, log_softmax), values and gradients, with several targets that are
@@ -1077,6 +1235,7 @@ def test_pretrain_writes_only_into_folders_of_its_own(corpus, tmp_path, capsys):
     ("step", 1e30, "progress.step must be a whole number >= 0, got 1e+30"),
     ("step", "four", "progress.step must be a whole number >= 0, got 'four'"),
     ("tokens", None, "progress.tokens must be a whole number >= 0, got None"),
+    ("sentences", 2.5, "progress.sentences must be a whole number >= 0, got 2.5"),
 ])
 def test_a_damaged_training_state_is_one_line(trained, corpus, tmp_path, capsys, field, value, expected):
     output = tmp_path / "run"

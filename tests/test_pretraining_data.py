@@ -88,7 +88,7 @@ def _loader(dataset, num_workers):
 
 def test_workers_give_the_streams_batches_in_order_and_resume_at_the_used_batch(tmp_path):
     files = _shards(tmp_path)
-    settings = dict(files=files, split_words=str.split, batch_size=4, seed=5, rank=1, world_size=2, shuffle_window=16,
+    settings = dict(shards=files, split_words=str.split, batch_size=4, seed=5, rank=1, world_size=2, shuffle_window=16,
                     max_words=4)
     vocab = write_vocab(["<S>", "</S>", "<UNK>", "s0.1.0", "s1.2.1"], str(tmp_path / "vocab.txt"))
     encoder = BatchEncoder.from_tokenizer(ElmoTokenizer(vocab_file=vocab))
@@ -125,7 +125,7 @@ def test_workers_give_the_streams_batches_in_order_and_resume_at_the_used_batch(
 
 def test_a_corpus_error_in_a_worker_arrives_as_one_line_in_its_place(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"one two\nthree four five\n" * 4 + "caf\xe9\n".encode("latin-1"))
-    settings = dict(files=[str(tmp_path / "a.txt")], split_words=str.split, batch_size=2, seed=0, shuffle_window=2)
+    settings = dict(shards=[str(tmp_path / "a.txt")], split_words=str.split, batch_size=2, seed=0, shuffle_window=2)
     vocab = write_vocab(["<S>", "</S>", "<UNK>"], str(tmp_path / "vocab.txt"))
     batches = iter(_loader(PretrainingBatches(settings, BatchEncoder.from_tokenizer(ElmoTokenizer(vocab_file=vocab))), 2))
     items = [next(batches) for _ in range(5)]
