@@ -180,11 +180,20 @@ RECIPE_ARGUMENTS = ("optimizer", "learning_rate", "batch_size", "max_steps", "dr
 
 def _pretraining_sections(pretraining: dict, plot: str | None) -> list[str]:
     """What `hf-elmo pretrain` trained this biLM on and how (`publish.read_pretraining`'s dict)."""
-    corpus = ", ".join(f"`{name}`" for name in pretraining.get("train_files") or []) or "text files"
+    dataset = pretraining.get("dataset")
+    if dataset:
+        details = [f"{key} `{dataset[key]}`" for key in ("config", "split", "revision", "text_column")
+                   if dataset.get(key)]
+        corpus = (f"the {'dataset' if dataset.get('hub') else 'local dataset'} `{dataset['name']}`"
+                  + (f" ({', '.join(details)}{', streamed' if dataset.get('streaming') else ''})" if details else ""))
+    else:
+        corpus = ", ".join(f"`{name}`" for name in pretraining.get("train_files") or []) or "text files"
     wall = pretraining.get("train_wall_s")
     wall = None if wall is None else f"{wall / 3600:.1f} hours" if wall >= 3600 else f"{wall / 60:.1f} minutes"
+    sentences = pretraining.get("sentences_seen")
     lines = [f"Pretrained with `hf-elmo pretrain` on {corpus} for {pretraining.get('step'):,} steps, "
-             f"{pretraining.get('tokens_seen'):,} tokens seen (words and sentence ends)"
+             + (f"{sentences:,} sentences and " if sentences else "")
+             + f"{pretraining.get('tokens_seen'):,} tokens seen (words and sentence ends)"
              + (f", in {wall} of wall time (until the last logged step)" if wall else "") + "."]
     final = pretraining.get("heldout_perplexity")
     if final:
@@ -338,7 +347,9 @@ def elmo_model_card(
         tags=tags,
         license=license or "other",
         base_model=(training or {}).get("base_model") if is_head else None,
-        datasets=(training or {}).get("datasets") or None if is_head else None,
+        datasets=((training or {}).get("datasets") or None if is_head
+                  else [pretraining["dataset"]["name"]] if ((pretraining or {}).get("dataset") or {}).get("hub")
+                  else None),
         model_name=(repo_id or (training or {}).get("task") or architecture).split("/")[-1] if eval_results else None,
         eval_results=eval_results,
         hf_elmo={
@@ -355,7 +366,8 @@ def elmo_model_card(
                 "layer_weights": [round(float(w), 4) for w in training.get("layer_weights") or []]}
                if is_head and training else {}),
             **({"pretraining": {key: pretraining.get(key) for key in (
-                "train_files", "step", "tokens_seen", "train_wall_s", "heldout_perplexity")}}
+                "train_files", "dataset", "step", "sentences_seen", "tokens_seen", "train_wall_s",
+                "heldout_perplexity")}}
                if pretraining else {}),
         },
     )

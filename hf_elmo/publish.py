@@ -165,14 +165,31 @@ def read_pretraining(model_dir: str) -> dict | None:
                     segment = record["wall_s"]
     final = ({"forward": results["eval/forward_perplexity"], "backward": results["eval/backward_perplexity"]}
              if "eval/forward_perplexity" in results else None)
+    dataset = _pretraining_dataset(arguments)
     return {
-        "train_files": [os.path.basename(pattern) for pattern in arguments["train_files"]],
+        # A dataset's run names the dataset, not the text files it was exported to.
+        "train_files": [] if dataset else [os.path.basename(pattern) for pattern in arguments["train_files"] or []],
+        "dataset": dataset,
+        "sentences_seen": results.get("sentences_seen"),
         "eval_file": os.path.basename(arguments["eval_file"]) if arguments.get("eval_file") else None,
         "step": results.get("step"), "tokens_seen": results.get("tokens_seen"),
         "train_wall_s": round(wall + segment, 1) if segment else None,
         "heldout_perplexity": final, "curve": curve,
         "recipe": {key: arguments[key] for key in RECIPE_ARGUMENTS if key in arguments},
     }
+
+
+def _pretraining_dataset(arguments: dict) -> dict | None:
+    """The `datasets` corpus of a run (`--dataset-name`), as its card shows it: a Hub id as it is, a local folder by
+    its name only (its path is the user's own)."""
+    name = arguments.get("dataset_name")
+    if not name:
+        return None
+    local = os.path.isabs(name) or name.startswith(".") or name.count("/") > 1 or os.path.isdir(name)
+    return {"name": os.path.basename(os.path.normpath(name)) if local else name, "hub": not local,
+            "config": arguments.get("dataset_config"), "split": arguments.get("dataset_split"),
+            "revision": arguments.get("dataset_revision"), "text_column": arguments.get("text_column"),
+            "streaming": bool(arguments.get("streaming"))}
 
 
 def folder_model_card(model_dir: str, config, repo_id: str | None = None, license: str | None = None,

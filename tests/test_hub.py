@@ -469,6 +469,55 @@ def test_pretrain_pushes_the_finished_run_with_its_corpus_and_curve(english_corp
     assert (output / "model.safetensors").is_file()
 
 
+@pytest.mark.usefixtures("fresh_accelerate_state")
+def test_a_streamed_datasets_run_is_pushed_with_a_card_that_names_the_dataset(english_corpus, hub, tmp_path,
+                                                                             monkeypatch):
+    from hf_elmo.cli import main
+
+    monkeypatch.setenv("HF_ELMO_CACHE", str(tmp_path / "cache"))
+    lines = (english_corpus / "train.txt").read_text(encoding="utf-8").splitlines()
+    folder = tmp_path / "wiki"
+    folder.mkdir()
+    for split, part in (("train", lines[:200]), ("validation", lines[200:240])):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps({"text": line}) + "\n" for line in part),
+                                               encoding="utf-8")
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(TINY_BILM), encoding="utf-8")
+    output = tmp_path / "bilm"
+    assert main(["pretrain", "--dataset-name", str(folder), "--streaming", "--eval-split", "validation",
+                 "--config", str(config), "--build-vocab", "--vocab-sentences", "150", "--output-dir", str(output),
+                 "--max-steps", "4", "--eval-steps", "2", "--batch-size", "8", "--num-workers", "0",
+                 "--report-to", "none", "--push-to-hub", "--hub-model-id", "someone/elmo-wiki"]) == 0
+    uploaded = hub[-1][-1]
+    results = json.loads((output / "eval_results.json").read_text())
+    assert results["sentences_seen"] == 4 * 8  # 4 steps of 8 sentences
+    card = ModelCard(uploaded["README.md"].decode("utf-8"))
+    assert card.data.hf_elmo["pretraining"]["dataset"] == {
+        "name": "wiki", "hub": False, "config": None, "split": "train", "revision": None, "text_column": None,
+        "streaming": True}
+    assert card.data.datasets is None  # a local folder is no Hub dataset to link to
+    assert (f"Pretrained with `hf-elmo pretrain` on the local dataset `wiki` (split `train`, streamed) for 4 steps, "
+            f"32 sentences and {results['tokens_seen']:,} tokens seen") in card.text
+    assert "perplexity_curve.png" in uploaded and str(tmp_path) not in card.text
+
+
+def test_the_card_of_a_hub_datasets_run_names_and_links_the_dataset(tmp_path):
+    from hf_elmo.model_card import elmo_model_card
+    from hf_elmo.publish import read_pretraining
+
+    (tmp_path / "training_args.json").write_text(json.dumps({
+        "train_files": None, "dataset_name": "wikimedia/wikipedia", "dataset_config": "20231101.nb",
+        "dataset_split": "train", "dataset_revision": "b04c8d1ceb2f5cd4588862100d08de323dccfbaa",
+        "text_column": None, "streaming": False, "optimizer": "adagrad"}))
+    (tmp_path / "eval_results.json").write_text(json.dumps({"step": 6, "tokens_seen": 1200, "sentences_seen": 48}))
+    pretraining = read_pretraining(str(tmp_path))
+    assert pretraining["train_files"] == [] and pretraining["dataset"]["name"] == "wikimedia/wikipedia"
+    card = elmo_model_card(ElmoConfig(**TINY_BILM), pretraining=pretraining)
+    assert card.data.datasets == ["wikimedia/wikipedia"]
+    assert ("on the dataset `wikimedia/wikipedia` (config `20231101.nb`, split `train`, revision "
+            "`b04c8d1ceb2f5cd4588862100d08de323dccfbaa`) for 6 steps, 48 sentences and 1,200 tokens seen") in card.text
+
+
 def test_the_wall_time_of_a_resumed_pretraining_run_adds_its_parts(tmp_path):
     from hf_elmo.publish import read_pretraining
 
