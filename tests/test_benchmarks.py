@@ -270,3 +270,21 @@ def test_the_allennlp_drop_in_benchmark_writes_the_same_file_as_allennlp(tmp_pat
     line = json.loads(done.stdout.strip().splitlines()[-1])
     assert line["n_sentences"] == 8 and line["max_abs_diff_vs_allennlp"] < 1e-5
     assert len(line["tokens_per_s"]["hf_elmo"]) == len(line["ratio_per_round"]) == 2 and line["ratio_of_medians"] > 0
+
+
+def test_bench_streaming_reads_one_epoch_of_its_generated_corpus(tmp_path):
+    command = [sys.executable, str(BENCHMARKS / "bench_streaming.py"), "--gigabytes", "0.002", "--shards", "3",
+               "--shuffle-window", "1000", "--batch-size", "50", "--workdir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_ELMO_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1, done.stdout
+    result = json.loads(lines[0])
+    # Record i holds 1 + i % 3 sentences, and the epoch read them all, a window of 1000 at a time.
+    records = result["records"]
+    assert result["corpus_bytes"] >= 0.002 * 2**30 and result["shards"] == 3
+    assert result["sentences"] == sum(1 + i % 3 for i in range(records))
+    assert result["windows"] == -(-result["sentences"] // 1000) and len(result["rss_mib"]) == 10
+    assert result["peak_rss_mib"] >= max(result["rss_mib"]) > 0 and result["sentences_per_s"] > 0
+    assert not (tmp_path / "corpus").exists()  # the corpus is removed, the work folder kept

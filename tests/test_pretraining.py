@@ -965,6 +965,25 @@ def _kill_tree(pid: int) -> None:
             pass
 
 
+def _kill_when_saved(process: subprocess.Popen, checkpoint: str, before=lambda: None) -> list[str]:
+    """Read a run's log until it has saved `checkpoint`, call `before`, then SIGKILL the run and every process below
+    it, mid-training: a crashed machine. Returns the lines read."""
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if "Saved checkpoint" in line and line.rstrip().endswith(checkpoint):
+                before()
+                _kill_tree(process.pid)
+                break
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            _kill_tree(process.pid)
+            process.wait()
+    return lines
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the worker processes through /proc")
 def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
     reference_dir, _ = two_process_run
@@ -973,21 +992,14 @@ def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
     # none: the batches, and where a checkpoint says the data stands, do not depend on it.
     process = subprocess.Popen(_launch(corpus, trained / "vocab.txt", output, "--num-workers", "1"),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
-    workers, lines = [], []
-    try:
-        for line in process.stdout:
-            lines.append(line)
-            if "Saved checkpoint" in line and line.rstrip().endswith("checkpoint-4"):
-                training = [p for p in _descendants(process.pid) if "hf_elmo.cli" in _cmdline(p)]
-                # The training processes, not their DataLoader workers (forked: the same command line).
-                workers = [p for p in training if _parent(p) not in training]
-                _kill_tree(process.pid)  # the launcher and both workers, mid-training: a crashed machine
-                break
-        process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            _kill_tree(process.pid)
-            process.wait()
+    workers = []
+
+    def find_workers():
+        training = [p for p in _descendants(process.pid) if "hf_elmo.cli" in _cmdline(p)]
+        # The training processes, not their DataLoader workers (forked: the same command line).
+        workers.extend(p for p in training if _parent(p) not in training)
+
+    lines = _kill_when_saved(process, "checkpoint-4", find_workers)  # the launcher and both workers
     assert process.returncode == -signal.SIGKILL and len(workers) == 2, "".join(lines)[-6000:]
     deadline = time.monotonic() + 30
     while any(_alive(worker) for worker in workers) and time.monotonic() < deadline:
@@ -1057,18 +1069,7 @@ def test_a_sigkilled_streaming_run_resumes_to_the_uninterrupted_runs_weights(cor
     killed = tmp_path / "killed"
     process = subprocess.Popen(_streaming_command(corpus, folder, killed, "--num-workers", "1"),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    log = []
-    try:
-        for line in process.stdout:
-            log.append(line)
-            if "Saved checkpoint" in line and line.rstrip().endswith("checkpoint-4"):
-                _kill_tree(process.pid)  # the run and its DataLoader worker, mid-training
-                break
-        process.wait(timeout=60)
-    finally:
-        if process.poll() is None:
-            _kill_tree(process.pid)
-            process.wait()
+    log = _kill_when_saved(process, "checkpoint-4")  # the run and its DataLoader worker
     assert process.returncode == -signal.SIGKILL, "".join(log)[-4000:]
     assert not (killed / "model.safetensors").exists()
     resume_from = latest_checkpoint(str(killed))
