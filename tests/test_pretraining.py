@@ -1104,6 +1104,28 @@ def test_a_sigkilled_streaming_run_resumes_to_the_uninterrupted_runs_weights(cor
     assert "dataset.data_files.2.sha256: " in refusal
 
 
+def test_two_processes_stream_a_dataset_each_its_share(corpus, tmp_path):
+    # Each process reads the whole stream and trains on its batch of every pair (as from files): together they
+    # see 2 x 8 sentences a step, and end with identical weights.
+    lines = (corpus / "train.txt").read_text(encoding="utf-8").splitlines()[:300]
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for shard in range(3):
+        (folder / f"train-{shard}.jsonl").write_text("".join(json.dumps({"text": line}) + "\n"
+                                                             for line in lines[shard::3]), encoding="utf-8")
+    output = tmp_path / "run"
+    command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes",
+               "2", "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
+               "--dynamo_backend", "no", "-m", "hf_elmo.cli", "pretrain", "--dataset-name", str(folder), "--streaming",
+               "--config", str(corpus / "tiny.json"), "--build-vocab", "--output-dir", str(output), "--max-steps",
+               "6", "--save-steps", "3", "--batch-size", "8", "--shuffle-window", "64", "--num-workers", "1",
+               "--report-to", "none"]
+    code, log = _run_launch(command)
+    assert code == 0, launch_failure_report(log)
+    assert "World size 2 (MULTI_CPU)" in log and "Weights identical on all 2 process(es)" in log
+    assert json.loads((output / "eval_results.json").read_text())["sentences_seen"] == 6 * 2 * 8
+
+
 def test_sampled_softmax_losses_and_gradients_equal_the_plain_formula_with_accidental_hits():
     # The loss is computed without concatenating the logits and with accidental hits found per target; against the
     # plain formula (cat, every pair compared, log_softmax), values and gradients, with several targets that are
