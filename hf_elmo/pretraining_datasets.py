@@ -114,6 +114,9 @@ def load_splits(name: str, config: str | None, streaming: bool, revision: str | 
     except ImportError:
         raise DatasetCorpusError('--dataset-name needs the datasets package: pip install "hf-elmo[examples]" (or '
                                  "pip install datasets).") from None
+    if streaming and not hasattr(datasets.IterableDataset, "shard"):  # and num_shards: both came in 3.2
+        raise DatasetCorpusError(f"--streaming needs datasets 3.2 or later (this is {datasets.__version__}): pip "
+                                 'install -U "datasets>=3.2".')
     try:
         if _is_saved_to_disk(name):
             loaded = datasets.load_from_disk(name)
