@@ -57,8 +57,9 @@ def text_column(table, name: str | None, where: str) -> str:
         return name
     if len(strings) != 1:
         raise DatasetCorpusError(f"{where}: give --text-column, one of its string columns ({', '.join(strings)})"
-                                 if strings else f"{where} has no string column; its columns are "
-                                 f"{', '.join(columns)}.")
+                                 if strings else f"{where} has no column typed as text (its columns: "
+                                 f"{', '.join(columns)}); name the text's column with --text-column (its records "
+                                 "that hold no string are then counted and skipped).")
     return strings[0]
 
 

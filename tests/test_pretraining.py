@@ -1104,6 +1104,30 @@ def test_a_sigkilled_streaming_run_resumes_to_the_uninterrupted_runs_weights(cor
     assert "dataset.data_files.2.sha256: " in refusal
 
 
+def test_a_streamed_column_that_is_not_all_text_is_named_then_its_other_records_are_counted(corpus, tmp_path,
+                                                                                            capsys):
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    records = [{"text": "the cat sat ."}, {"text": 5}, {"text": "a dog ran ."}, {"text": None}, {"text": ["a"]}]
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    command = ["--dataset-name", str(folder), "--streaming", "--config", str(corpus / "tiny.json"), "--build-vocab",
+               "--batch-size", "2", "--max-steps", "2", "--logging-steps", "1", "--num-workers", "0",
+               "--report-to", "none"]
+    # JSON that mixes types has no column typed as text: one line, which says what to do.
+    assert pretrain_main([*command, "--output-dir", str(tmp_path / "first")]) == 1
+    assert error_lines(capsys)[-1] == (
+        f"{folder}[train] has no column typed as text (its columns: text); name the text's column with "
+        "--text-column (its records that hold no string are then counted and skipped).")
+    assert not (tmp_path / "first").exists()
+    _reset_accelerate()
+    output = tmp_path / "second"
+    assert pretrain_main([*command, "--text-column", "text", "--output-dir", str(output)]) == 0
+    _reset_accelerate()
+    logged = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    # Each step is one batch of both sentences; the three records without a string are counted once per epoch.
+    assert [(m["train/sentences_seen"], m["data/records_without_text"]) for m in logged] == [(2, 3), (4, 6)]
+
+
 def test_two_processes_stream_a_dataset_each_its_share(corpus, tmp_path):
     # Each process reads the whole stream and trains on its batch of every pair (as from files): together they
     # see 2 x 8 sentences a step, and end with identical weights.
