@@ -514,6 +514,13 @@ def test_the_card_of_a_hub_datasets_run_names_and_links_the_dataset(tmp_path):
     assert pretraining["train_files"] == [] and pretraining["dataset"]["name"] == "wikimedia/wikipedia"
     card = elmo_model_card(ElmoConfig(**TINY_BILM), pretraining=pretraining)
     assert card.data.datasets == ["wikimedia/wikipedia"]
+    # The revision recorded is the commit in the addresses datasets resolves a Hub dataset's data files to.
+    from hf_elmo.pretraining_datasets import hub_revision
+
+    sha = "b04c8d1ceb2f5cd4588862100d08de323dccfbaa"
+    assert hub_revision({"train": {"data_files": [
+        f"hf://datasets/wikimedia/wikipedia@{sha}/20231101.nb/train-00000-of-00004.parquet"]}}) == sha
+    assert hub_revision({"train": {"data_files": [{"file": "train.jsonl", "bytes": 9, "sha256": "0" * 64}]}}) is None
     assert ("on the dataset `wikimedia/wikipedia` (config `20231101.nb`, split `train`, revision "
             "`b04c8d1ceb2f5cd4588862100d08de323dccfbaa`) for 6 steps, 48 sentences and 1,200 tokens seen") in card.text
 
