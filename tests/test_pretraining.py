@@ -1128,6 +1128,30 @@ def test_a_streamed_column_that_is_not_all_text_is_named_then_its_other_records_
     assert [(m["train/sentences_seen"], m["data/records_without_text"]) for m in logged] == [(2, 3), (4, 6)]
 
 
+def test_a_save_to_disk_folder_streams_its_arrow_files_with_a_held_out_split(corpus, tmp_path, monkeypatch, caplog):
+    import datasets
+
+    monkeypatch.setenv("HF_ELMO_CACHE", str(tmp_path / "cache"))
+    lines = (corpus / "train.txt").read_text(encoding="utf-8").splitlines()
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": lines[:200]}),
+                          "validation": datasets.Dataset.from_dict({"text": lines[200:230]})}).save_to_disk(str(saved))
+    output = tmp_path / "run"
+    with caplog.at_level("INFO"):
+        assert pretrain_main(["--dataset-name", str(saved), "--streaming", "--eval-split", "validation", "--config",
+                              str(corpus / "tiny.json"), "--build-vocab", "--output-dir", str(output), "--max-steps",
+                              "2", "--save-steps", "2", "--batch-size", "4", "--num-workers", "0",
+                              "--report-to", "none"]) == 0
+    _reset_accelerate()
+    assert f"Exported {saved}[validation], column 'text': 30 held-out lines" in caplog.text
+    assert f"Streaming {saved}[train], column 'text': 1 shard(s), read as the run trains" in caplog.text
+    state = json.loads((output / "checkpoint-2" / "training_state.json").read_text())
+    # A save_to_disk split is known by its fingerprint, which save_to_disk keeps.
+    assert state["data"]["dataset"] == {"dataset": "saved", "config": None, "split": "train", "column": "text",
+                                        "fingerprint": datasets.load_from_disk(str(saved))["train"]._fingerprint}
+    assert "eval/forward_perplexity" in json.loads((output / "eval_results.json").read_text())
+
+
 def test_two_processes_stream_a_dataset_each_its_share(corpus, tmp_path):
     # Each process reads the whole stream and trains on its batch of every pair (as from files): together they
     # see 2 x 8 sentences a step, and end with identical weights.
