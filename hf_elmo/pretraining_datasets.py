@@ -106,9 +106,9 @@ def _is_saved_to_disk(name: str) -> bool:
 def load_splits(name: str, config: str | None, streaming: bool, revision: str | None = None) -> tuple[dict, dict]:
     """
     The dataset's splits ({split: Dataset}, or {split: IterableDataset} when `streaming`, which reads nothing yet),
-    and what identifies each split's data for a checkpoint's record: {split: the data files (a local one by name,
-    size and SHA-256; a Hub one by its address, which holds the revision)}, or the fingerprint of a save_to_disk
-    folder's split.
+    and what identifies each split's data for a checkpoint's record: {split: the data files (a Hub one by its
+    address, which holds the revision; a local one, when streaming, by name, size and SHA-256)}, or the fingerprint
+    of a save_to_disk folder's split.
     """
     try:
         import datasets
@@ -129,7 +129,9 @@ def load_splits(name: str, config: str | None, streaming: bool, revision: str | 
             return splits, identity
         builder = datasets.load_dataset_builder(name, config, revision=revision)
         data_files = builder.config.data_files or {}
-        identity = {str(split): {"data_files": [file_record(path) if os.path.isfile(path) else path
+        # Local files are hashed only for a stream, whose checkpoint records them (an export is known by its
+        # fingerprint, and its text files are recorded instead).
+        identity = {str(split): {"data_files": [file_record(path) if streaming and os.path.isfile(path) else path
                                                 for path in files]}
                     for split, files in data_files.items()}
         if streaming:
