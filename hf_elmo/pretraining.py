@@ -217,6 +217,10 @@ def resolve_vocab(args, accelerator, split_words, shards) -> str:
         )
     if accelerator.is_main_process:
         if source is None:
+            if args.streaming and not args.vocab_sentences:
+                logger.warning("--build-vocab without --vocab-sentences reads the whole stream (downloads all of a "
+                               "Hub dataset) to count its words before training; --vocab-sentences N counts its first "
+                               "N sentences only")
             logger.info("Counting the words of %d training shard(s) for the vocabulary%s", len(shards),
                         f" (their first {args.vocab_sentences} sentences)" if args.vocab_sentences else "")
             counts, sentences = count_words(shards, split_words, args.vocab_sentences)

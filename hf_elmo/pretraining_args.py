@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     vocab.add_argument("--vocab-sentences", type=int, default=None, metavar="N",
                        help="with --build-vocab: count only the first N sentences (lines with a word) of the "
                        "training text, in file order: a large corpus need not be read whole first (the count is "
-                       "logged).")
+                       "logged). Under --streaming, without it the whole stream is read (and downloaded) first.")
 
     model = parser.add_argument_group("model")
     source = model.add_mutually_exclusive_group(required=True)
@@ -190,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="evaluate on --eval-file every this many steps, and at the start and end.")
     report.add_argument("--eval-batch-size", type=int, default=64, help="sentences per evaluation batch.")
     report.add_argument("--eval-max-sentences", type=int, default=None,
-                        help="evaluate on the first this many sentences of --eval-file only.")
+                        help="evaluate on the first this many sentences of --eval-file only (under --streaming, "
+                        "only that many lines of --eval-split are read).")
     report.add_argument("--save-steps", type=int, default=1000, help="write a checkpoint every this many steps.")
     report.add_argument("--save-total-limit", type=int, default=2,
                         help="keep this many most recent checkpoints (default: %(default)s).")

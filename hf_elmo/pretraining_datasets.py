@@ -70,12 +70,15 @@ def _features_of_first_record(table) -> dict:
     return {key: datasets.Value("string") if isinstance(value, str) else None for key, value in first.items()}
 
 
-def _write_lines(table, column: str, folder: str, prefix: str) -> tuple[int, int]:
-    """Each record's text, split into lines, into `folder/PREFIX-00000.txt, ...`; (lines, skipped records)."""
+def _write_lines(table, column: str, folder: str, prefix: str, max_lines: int | None = None) -> tuple[int, int]:
+    """Each record's text, split into lines, into `folder/PREFIX-00000.txt, ...`, up to `max_lines` lines (all by
+    default: nothing after them is read); (lines, skipped records)."""
     lines, skipped, handle = 0, 0, None
     try:
         for text in (text for batch in table.iter(batch_size=1000) for text in batch[column]):
-            pieces = record_lines(text)
+            if max_lines is not None and lines >= max_lines:
+                break
+            pieces = record_lines(text)[:None if max_lines is None else max_lines - lines]
             if not pieces:
                 skipped += 1
                 continue
@@ -168,10 +171,11 @@ def _cache_folder(name: str, key: str) -> str:
                           + "-" + hashlib.sha256(key.encode()).hexdigest()[:16])
 
 
-def _export(folder: str, parts: list[tuple[str, str, object]], column: str) -> dict[str, tuple[int, int]]:
+def _export(folder: str, parts: list[tuple[str, str, object]], column: str,
+            max_lines: int | None = None) -> dict[str, tuple[int, int]]:
     """`parts` [(prefix, where, table)] written once into `folder` (atomically: another process of the run may be
-    writing the same); {prefix: (lines, records without text)} for what this process wrote, {} where it was there.
-    A part without a line of text is an error, and leaves nothing."""
+    writing the same), each up to `max_lines` lines; {prefix: (lines, records without text)} for what this process
+    wrote, {} where it was there. A part without a line of text is an error, and leaves nothing."""
     from .safe_output import atomic_output_dir
 
     if os.path.isdir(folder):
@@ -180,7 +184,7 @@ def _export(folder: str, parts: list[tuple[str, str, object]], column: str) -> d
         with atomic_output_dir(folder) as staging:
             written = {}
             for prefix, where, table in parts:
-                written[prefix] = _write_lines(table, column, staging, prefix)
+                written[prefix] = _write_lines(table, column, staging, prefix, max_lines)
                 if not written[prefix][0]:
                     raise DatasetCorpusError(f"{where}, column {column!r}: no record holds text.")
             return written
@@ -294,7 +298,7 @@ def open_streamed_dataset(args) -> StreamedDataset:
     """
     `--dataset-name ... --streaming`: the training split as the stream's shards, opened without reading it. An
     `--eval-split` is exported once to a text file in the user cache (held-out text is read whole at every
-    evaluation) and set as `args.eval_file`.
+    evaluation), only its first `--eval-max-sentences` lines when that is given, and set as `args.eval_file`.
     """
     name, split = args.dataset_name, args.dataset_split
     where = _where(name, args.dataset_config)
@@ -306,11 +310,12 @@ def open_streamed_dataset(args) -> StreamedDataset:
     if args.eval_split:
         eval_table = splits[args.eval_split]
         text_column(eval_table, column, f"{where}[{args.eval_split}]")
-        key = json.dumps({"split": args.eval_split, "column": column, **identity.get(args.eval_split, {})},
-                         sort_keys=True)
+        limit = getattr(args, "eval_max_sentences", None)
+        key = json.dumps({"split": args.eval_split, "column": column, "max_lines": limit,
+                          **identity.get(args.eval_split, {})}, sort_keys=True)
         folder = _cache_folder(name, key)
         written = _export(folder, [("eval", f"{where}[{args.eval_split}]", eval_table.select_columns([column]))],
-                          column)
+                          column, limit)
         if written:
             logger.info("Exported %s[%s], column %r: %d held-out lines, to %s", where, args.eval_split, column,
                         written["eval"][0], folder)

@@ -1141,9 +1141,13 @@ def test_a_save_to_disk_folder_streams_its_arrow_files_with_a_held_out_split(cor
         assert pretrain_main(["--dataset-name", str(saved), "--streaming", "--eval-split", "validation", "--config",
                               str(corpus / "tiny.json"), "--build-vocab", "--output-dir", str(output), "--max-steps",
                               "2", "--save-steps", "2", "--batch-size", "4", "--num-workers", "0",
-                              "--report-to", "none"]) == 0
+                              "--eval-max-sentences", "12", "--report-to", "none"]) == 0
     _reset_accelerate()
-    assert f"Exported {saved}[validation], column 'text': 30 held-out lines" in caplog.text
+    # Only what is evaluated is exported of the held-out split; the vocabulary, counted over the whole stream
+    # here, says what that costs.
+    assert f"Exported {saved}[validation], column 'text': 12 held-out lines" in caplog.text
+    assert "--build-vocab without --vocab-sentences reads the whole stream (downloads all of a Hub dataset)" in (
+        caplog.text)
     assert f"Streaming {saved}[train], column 'text': 1 shard(s), read as the run trains" in caplog.text
     state = json.loads((output / "checkpoint-2" / "training_state.json").read_text())
     # A save_to_disk split is known by its fingerprint, which save_to_disk keeps.
