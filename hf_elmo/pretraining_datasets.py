@@ -22,7 +22,7 @@ import os
 import re
 
 from .pretraining_data import CorpusError
-from .run_record import file_record
+from .run_record import dataset_name_record, file_record
 from .user_cache import user_cache_dir
 
 
@@ -264,8 +264,8 @@ class StreamedDataset:
     def record(self) -> dict:
         """What the checkpoint holds of the data (compared on --resume): the dataset, split, column, and its data
         files or fingerprint."""
-        name = os.path.basename(os.path.normpath(self.name)) if os.path.isdir(self.name) else self.name
-        return {"dataset": name, "config": self.config, "split": self.split, "column": self.column, **self.identity}
+        return {"dataset": dataset_name_record(self.name)["name"], "config": self.config, "split": self.split,
+                "column": self.column, **self.identity}
 
     def _opened(self):
         if self._table is None:

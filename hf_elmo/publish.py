@@ -30,6 +30,7 @@ from . import modeling_elmo
 from .configuration_elmo import ElmoConfig
 from .model_card import RECIPE_ARGUMENTS, elmo_model_card, plot_perplexity_curve
 from .pretraining_checkpoints import METRICS_FILE as PRETRAINING_METRICS, TRAINING_ARGS_FILE
+from .run_record import dataset_name_record
 from .safe_output import is_within, no_room_error
 from .tokenization_elmo import ElmoTokenizer
 from .weight_checks import WeightCheckError
@@ -180,16 +181,13 @@ def read_pretraining(model_dir: str) -> dict | None:
 
 
 def _pretraining_dataset(arguments: dict) -> dict | None:
-    """The `datasets` corpus of a run (`--dataset-name`), as its card shows it: a Hub id as it is, a local folder by
-    its name only (its path is the user's own)."""
+    """The `datasets` corpus of a run (`--dataset-name`), as its card shows it (`run_record.dataset_name_record`)."""
     name = arguments.get("dataset_name")
     if not name:
         return None
-    local = os.path.isabs(name) or name.startswith(".") or name.count("/") > 1 or os.path.isdir(name)
-    return {"name": os.path.basename(os.path.normpath(name)) if local else name, "hub": not local,
-            "config": arguments.get("dataset_config"), "split": arguments.get("dataset_split"),
-            "revision": arguments.get("dataset_revision"), "text_column": arguments.get("text_column"),
-            "streaming": bool(arguments.get("streaming"))}
+    return {**dataset_name_record(name), "config": arguments.get("dataset_config"),
+            "split": arguments.get("dataset_split"), "revision": arguments.get("dataset_revision"),
+            "text_column": arguments.get("text_column"), "streaming": bool(arguments.get("streaming"))}
 
 
 def folder_model_card(model_dir: str, config, repo_id: str | None = None, license: str | None = None,

@@ -24,6 +24,17 @@ def file_record(path: str) -> dict:
     return {"file": os.path.basename(path), "bytes": os.path.getsize(path), "sha256": sha256_of(path)}
 
 
+def dataset_name_record(name: str) -> dict:
+    """
+    A `--dataset-name` as a record or a model card holds it: a Hub id as it is, a local folder by its name only (its
+    path is the user's own). A name is local when it is a folder here, or a path no Hub id can be (absolute,
+    starting with a dot, or deeper than owner/name): that decides it where the folder is not at hand, e.g. when a
+    finished run is published from elsewhere.
+    """
+    local = os.path.isabs(name) or name.startswith(".") or name.count("/") > 1 or os.path.isdir(name)
+    return {"name": os.path.basename(os.path.normpath(name)) if local else name, "hub": not local}
+
+
 def _flat(record, prefix: str = "") -> dict:
     """{"a.b": value, "a.c.0": value, ...}: nested dicts and lists as dotted keys, so that a difference is named."""
     items = record.items() if isinstance(record, dict) else enumerate(record) if isinstance(record, list) else ()
