@@ -101,7 +101,8 @@ def main(argv=None) -> None:
         corpus_bytes, records = write_corpus(corpus, args.gigabytes, args.shards)
         write_s = time.perf_counter() - start
         options = SimpleNamespace(dataset_name=str(corpus), dataset_config=None, dataset_revision=None,
-                                  dataset_split="train", text_column="text", eval_split=None, eval_file=None)
+                                  dataset_split="train", text_column="text", eval_split=None, eval_file=None,
+                                  eval_max_sentences=None)
         stream = SentenceBatchStream(open_streamed_dataset(options), str.split, batch_size=args.batch_size, seed=0,
                                      shuffle_window=args.shuffle_window)
         batches_per_window = stream.window // args.batch_size

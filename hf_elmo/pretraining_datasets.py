@@ -192,6 +192,21 @@ def _export(folder: str, parts: list[tuple[str, str, object]], column: str,
         return {}
 
 
+def _open_splits(args, streaming: bool) -> tuple[dict, dict, str, str]:
+    """The options' dataset opened (`load_splits`) and checked: the split and `--eval-split` exist and have the text
+    column. Sets `args.dataset_revision` to the commit read, where the dataset is on the Hub (every process and
+    worker reads that one, and the card names it). Returns (splits, identity, where, column)."""
+    name, split = args.dataset_name, args.dataset_split
+    where = _where(name, args.dataset_config)
+    splits, identity = load_splits(name, args.dataset_config, streaming=streaming, revision=args.dataset_revision)
+    args.dataset_revision = hub_revision(identity) or args.dataset_revision
+    _check_splits(splits, where, split, args.eval_split)
+    column = text_column(splits[split], args.text_column, f"{where}[{split}]")
+    if args.eval_split:
+        text_column(splits[args.eval_split], column, f"{where}[{args.eval_split}]")  # the same column
+    return splits, identity, where, column
+
+
 def export_dataset(args) -> None:
     """
     `--dataset-name` (with `--dataset-config`, `--dataset-split`, `--text-column`, `--eval-split` or
@@ -199,15 +214,9 @@ def export_dataset(args) -> None:
     to them. Every process of a run calls it; each gets the same files.
     """
     name, split = args.dataset_name, args.dataset_split
-    where = _where(name, args.dataset_config)
-    splits, identity = load_splits(name, args.dataset_config, streaming=False, revision=args.dataset_revision)
-    args.dataset_revision = hub_revision(identity) or args.dataset_revision  # the card names the commit read
-    _check_splits(splits, where, split, args.eval_split)
+    splits, _, where, column = _open_splits(args, streaming=False)
     table = splits[split]
-    column = text_column(table, args.text_column, f"{where}[{split}]")
     eval_table = splits[args.eval_split] if args.eval_split else None
-    if eval_table is not None:
-        text_column(eval_table, column, f"{where}[{args.eval_split}]")  # the held-out split has the same column
     if args.eval_fraction:
         held_out = max(1, round(len(table) * args.eval_fraction))
         if held_out >= len(table):
@@ -301,21 +310,14 @@ def open_streamed_dataset(args) -> StreamedDataset:
     evaluation), only its first `--eval-max-sentences` lines when that is given, and set as `args.eval_file`.
     """
     name, split = args.dataset_name, args.dataset_split
-    where = _where(name, args.dataset_config)
-    splits, identity = load_splits(name, args.dataset_config, streaming=True, revision=args.dataset_revision)
-    # Every process and worker reads this commit of a Hub dataset, and the card names it.
-    args.dataset_revision = hub_revision(identity) or args.dataset_revision
-    _check_splits(splits, where, split, args.eval_split)
-    column = text_column(splits[split], args.text_column, f"{where}[{split}]")
+    splits, identity, where, column = _open_splits(args, streaming=True)
     if args.eval_split:
-        eval_table = splits[args.eval_split]
-        text_column(eval_table, column, f"{where}[{args.eval_split}]")
-        limit = getattr(args, "eval_max_sentences", None)
+        limit = args.eval_max_sentences
         key = json.dumps({"split": args.eval_split, "column": column, "max_lines": limit,
                           **identity.get(args.eval_split, {})}, sort_keys=True)
         folder = _cache_folder(name, key)
-        written = _export(folder, [("eval", f"{where}[{args.eval_split}]", eval_table.select_columns([column]))],
-                          column, limit)
+        eval_table = splits[args.eval_split].select_columns([column])
+        written = _export(folder, [("eval", f"{where}[{args.eval_split}]", eval_table)], column, limit)
         if written:
             logger.info("Exported %s[%s], column %r: %d held-out lines, to %s", where, args.eval_split, column,
                         written["eval"][0], folder)
