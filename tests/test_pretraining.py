@@ -334,8 +334,25 @@ def _streamed(folder: Path, **options):
     from hf_elmo.pretraining_datasets import open_streamed_dataset
 
     args = SimpleNamespace(dataset_name=str(folder), dataset_config=None, dataset_revision=None, dataset_split="train",
-                           text_column=None, eval_split=None, eval_file=None, **options)
+                           text_column=None, eval_split=None, eval_file=None, eval_max_sentences=None,
+                           **options)
     return open_streamed_dataset(args)
+
+
+def test_a_streamed_format_without_types_finds_its_text_column_in_its_first_record(tmp_path):
+    from hf_elmo.pretraining_datasets import DatasetCorpusError
+
+    # datasets streams csv (and plain text) without column types: the first record tells the text column.
+    folder = tmp_path / "csv"
+    folder.mkdir()
+    (folder / "train.csv").write_text("id,text\n1,the cat sat .\n2,a dog ran .\n", encoding="utf-8")
+    shards = _streamed(folder)
+    assert shards.column == "text" and len(shards) == 1
+    assert list(shards.read(0, 0, 0)) == [("the cat sat .", 1, 0), ("a dog ran .", 2, 0)]
+    (folder / "train.csv").write_text("title,text\nCats,the cat sat .\n", encoding="utf-8")
+    with pytest.raises(DatasetCorpusError, match=r"csv\[train\]: give --text-column, one of its string columns "
+                                                 r"\(title, text\)"):
+        _streamed(folder)
 
 
 @pytest.mark.parametrize("source", ["text files", "a streamed dataset"])
