@@ -341,15 +341,16 @@ def elmo_model_card(
     tags = ["elmo", "bilm", "hf_elmo", "custom_code"] + (["bilm-tf"] if converted else [])
     is_head = pipeline_tag in ("token-classification", "text-classification")
     eval_results = _eval_results(pipeline_tag, training) if is_head else None
+    # A biLM pretrained on a Hub dataset links it; a local folder is nothing the Hub could link.
+    corpus = (pretraining or {}).get("dataset") or {}
+    pretrained_on = [corpus["name"]] if corpus.get("hub") else None
     data = ModelCardData(
         library_name="transformers",
         pipeline_tag=pipeline_tag,
         tags=tags,
         license=license or "other",
         base_model=(training or {}).get("base_model") if is_head else None,
-        datasets=((training or {}).get("datasets") or None if is_head
-                  else [pretraining["dataset"]["name"]] if ((pretraining or {}).get("dataset") or {}).get("hub")
-                  else None),
+        datasets=(training or {}).get("datasets") or None if is_head else pretrained_on,
         model_name=(repo_id or (training or {}).get("task") or architecture).split("/")[-1] if eval_results else None,
         eval_results=eval_results,
         hf_elmo={
