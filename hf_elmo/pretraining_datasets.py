@@ -47,7 +47,7 @@ def text_column(table, name: str | None, where: str) -> str:
     """`name`, which `table` must have; or, when None, its only string column (an error lists them otherwise)."""
     features = table.features
     if features is None:  # a stream whose format names no types (e.g. JSON lines): its first record says
-        features = _features_of_first_record(table)
+        features = _features_of_first_record(table, where)
     columns = list(features)
     strings = [column for column, feature in features.items()
                if getattr(feature, "dtype", None) in ("string", "large_string")]
@@ -63,19 +63,30 @@ def text_column(table, name: str | None, where: str) -> str:
     return strings[0]
 
 
-def _features_of_first_record(table) -> dict:
+def _features_of_first_record(table, where: str) -> dict:
     import datasets
 
-    first = next(iter(table.take(1)), {})
+    first = next(iter(_decoded(table.take(1), where)), {})
     return {key: datasets.Value("string") if isinstance(value, str) else None for key, value in first.items()}
 
 
-def _write_lines(table, column: str, folder: str, prefix: str, max_lines: int | None = None) -> tuple[int, int]:
+def _decoded(records, where: str):
+    """`records` (an iteration over a dataset) as they come; a data file that `datasets` cannot decode on the way (not
+    UTF-8, JSON broken after its first lines: a ValueError of some kind) is one DatasetCorpusError naming `where`."""
+    try:
+        yield from records
+    except ValueError as error:
+        hint = " (datasets reads text files as UTF-8)" if isinstance(error, UnicodeDecodeError) else ""
+        raise DatasetCorpusError(f"{where}: cannot be read ({' '.join(str(error).split())}){hint}.") from None
+
+
+def _write_lines(table, column: str, folder: str, prefix: str, where: str,
+                 max_lines: int | None = None) -> tuple[int, int]:
     """Each record's text, split into lines, into `folder/PREFIX-00000.txt, ...`, up to `max_lines` lines (all by
     default: nothing after them is read); (lines, skipped records)."""
     lines, skipped, handle = 0, 0, None
     try:
-        for text in (text for batch in table.iter(batch_size=1000) for text in batch[column]):
+        for text in (text for batch in _decoded(table.iter(batch_size=1000), where) for text in batch[column]):
             if max_lines is not None and lines >= max_lines:
                 break
             pieces = record_lines(text)[:None if max_lines is None else max_lines - lines]
@@ -184,7 +195,7 @@ def _export(folder: str, parts: list[tuple[str, str, object]], column: str,
         with atomic_output_dir(folder) as staging:
             written = {}
             for prefix, where, table in parts:
-                written[prefix] = _write_lines(table, column, staging, prefix, max_lines)
+                written[prefix] = _write_lines(table, column, staging, prefix, where, max_lines)
                 if not written[prefix][0]:
                     raise DatasetCorpusError(f"{where}, column {column!r}: no record holds text.")
             return written
@@ -291,7 +302,7 @@ class StreamedDataset:
             shard = shard.skip(records)
         # .iter, not iteration: in a DataLoader worker `datasets` would give each worker a part of the shards,
         # and here every worker reads the whole stream (pretraining_data.PretrainingBatches).
-        for batch in shard.iter(batch_size=RECORDS_PER_READ):
+        for batch in _decoded(shard.iter(batch_size=RECORDS_PER_READ), self.names[index]):
             for text in batch[self.column]:
                 pieces = record_lines(text)
                 records += 1

@@ -1145,6 +1145,29 @@ def test_a_streamed_column_that_is_not_all_text_is_named_then_its_other_records_
     assert [(m["train/sentences_seen"], m["data/records_without_text"]) for m in logged] == [(2, 3), (4, 6)]
 
 
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_dataset_file_that_is_not_utf8_is_one_line_naming_the_split(corpus, tmp_path, monkeypatch, capsys,
+                                                                      streaming):
+    monkeypatch.setenv("HF_ELMO_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "latin1"
+    folder.mkdir()
+    (folder / "train.jsonl").write_bytes('{"text": "caf\u00e9 au lait"}\n'.encode("latin-1"))
+    write_vocab(build_vocab(Counter(["au", "lait"])), str(tmp_path / "vocab.txt"))
+    output = tmp_path / "run"
+    # Streamed, the file is first read in a DataLoader worker (the vocabulary is given); exported, while exporting.
+    code = pretrain_main(["--dataset-name", str(folder), *(["--streaming"] if streaming else []), "--config",
+                          str(corpus / "tiny.json"), "--vocab", str(tmp_path / "vocab.txt"), "--output-dir",
+                          str(output), "--max-steps", "1", "--batch-size", "1", "--num-workers", "1",
+                          "--report-to", "none"])
+    _reset_accelerate()
+    assert code == 1
+    where = f"{folder}[train] shard 1 of 1" if streaming else f"{folder}[train]"
+    assert error_lines(capsys)[-1] == (f"{where}: cannot be read ('utf-8' codec can't decode byte 0xe9 in position 3: "
+                                       "invalid continuation byte) (datasets reads text files as UTF-8).")
+    # No output folder, and no export half-written into the cache (its parent folder may stay, empty).
+    assert not output.exists() and not list((tmp_path / "cache").glob("datasets/*"))
+
+
 def test_a_save_to_disk_folder_streams_its_arrow_files_with_a_held_out_split(corpus, tmp_path, monkeypatch, caplog):
     import datasets
 
