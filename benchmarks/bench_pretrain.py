@@ -54,6 +54,8 @@ import torch
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
+import bench_utils  # noqa: E402  (run as a script: its folder is on sys.path)
+
 from hf_elmo.elmo_implementations import implementation_name  # noqa: E402
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG  # noqa: E402
 from hf_elmo.pretraining import LossWindow, PretrainingRun  # noqa: E402
@@ -68,17 +70,6 @@ from hf_elmo.pretraining_data import (  # noqa: E402
 from hf_elmo.testing_utils import cpu_model, english_text_sample  # noqa: E402
 from hf_elmo.tokenization_elmo import ElmoTokenizer  # noqa: E402
 from hf_elmo.vocabulary import build_vocab, write_vocab  # noqa: E402
-
-
-def peak_rss_mib() -> float | None:
-    try:
-        with open("/proc/self/status", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 def loader(settings: dict, encoder: BatchEncoder, num_workers: int, pin: bool):
@@ -400,7 +391,7 @@ def main():
             else:
                 elapsed, tokens = elapsed + seconds, tokens + window.tokens
         tokens_per_s = tokens / elapsed if elapsed else None
-        peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else peak_rss_mib()
+        peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else bench_utils.proc_status_mib("VmHWM")
 
         # Profiling pass: the same optimizer_step, its sections marked by hooks that synchronise at each edge.
         sections = (CapturedSections if run.captured_step else Sections)(run, sync, args.device)
