@@ -44,6 +44,7 @@ import time
 # The 5.2M-parameter biLM a 2-core CPU pretrains in about 45 minutes (plain data: no torch at import).
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG
 from hf_elmo.cli import positive_int  # counts of at least 1 (0 meant every sentence, -3 a KeyError)
+from hf_elmo.finetuning import HEAD_MAX_EPOCHS, HEAD_MIN_EPOCHS, HEAD_MIN_STEPS, HEAD_PATIENCE
 from hf_elmo.safe_output import OutputLock, sibling_lock_file
 from hf_elmo.threads import keep_compiled_code_in_user_cache, threads_argument
 
@@ -74,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                              help="skip pretraining and use this finished `hf-elmo pretrain` folder.")
     head = parser.add_argument_group("the NER head (biLSTM-CRF over the mixed biLM layers, biLM frozen)")
     head.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    head.add_argument("--epochs", type=float, default=5.0)
+    head.add_argument("--epochs", type=float, default=None,
+                      help="training epochs (default: the examples' small-data rule, hf_elmo.finetuning: enough for "
+                      f"{HEAD_MIN_STEPS} steps, {HEAD_MIN_EPOCHS} to {HEAD_MAX_EPOCHS}).")
+    head.add_argument("--early-stopping-patience", type=int, default=HEAD_PATIENCE, metavar="N",
+                      help="stop a head when valid entity F1 has not improved for N epochs in a row (default: "
+                      "%(default)s; 0: every epoch runs). The best epoch is kept either way.")
     head.add_argument("--batch-size", type=positive_int, default=32)
     head.add_argument("--learning-rate", type=float, default=5e-3)
     head.add_argument("--head-lstm-dim", type=int, default=128)
@@ -167,10 +173,10 @@ def ner_scores(id2label: dict):
 
 def train_head(args, elmo, features: dict, id2label: dict, layer_norm: bool, seed: int, work_dir: str) -> dict:
     import torch
-    from transformers import Trainer, TrainingArguments
+    from transformers import EarlyStoppingCallback, Trainer, TrainingArguments
 
     from hf_elmo import ElmoConfig, ElmoForTokenClassification
-    from hf_elmo.finetuning import ElmoLayersCollator
+    from hf_elmo.finetuning import ElmoLayersCollator, default_head_epochs
 
     # The biLM's architecture, without what Transformers records about a saved model or the LM's vocabulary.
     config = elmo.config.to_dict()
@@ -181,11 +187,12 @@ def train_head(args, elmo, features: dict, id2label: dict, layer_norm: bool, see
         "freeze_elmo": True, "mix_layer_norm": layer_norm, "head_lstm_dim": args.head_lstm_dim, "head_crf": True,
         "mix_dropout": args.mix_dropout,
     })
+    epochs = args.epochs or default_head_epochs(len(features["train"]), args.batch_size)
     torch.manual_seed(seed)
     model = ElmoForTokenClassification(head_config)
     model.elmo.load_state_dict(elmo.state_dict())  # a complete tagger, though training never runs the biLM
     training_args = TrainingArguments(
-        output_dir=work_dir, num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
+        output_dir=work_dir, num_train_epochs=epochs, per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=64, learning_rate=args.learning_rate, seed=seed, eval_strategy="epoch",
         save_strategy="epoch", save_total_limit=1, load_best_model_at_end=True, metric_for_best_model="f1",
         greater_is_better=True, report_to="none", logging_steps=100, dataloader_pin_memory=False,
@@ -193,7 +200,9 @@ def train_head(args, elmo, features: dict, id2label: dict, layer_norm: bool, see
     )
     trainer = Trainer(model=model, args=training_args, train_dataset=features["train"],
                       eval_dataset=features["valid"], data_collator=ElmoLayersCollator(),
-                      compute_metrics=ner_scores(id2label))
+                      compute_metrics=ner_scores(id2label),
+                      callbacks=[EarlyStoppingCallback(args.early_stopping_patience)] * (args.early_stopping_patience > 0))
+    steps_per_epoch = len(trainer.get_train_dataloader())
     start = time.perf_counter()
     trainer.train()
     valid = trainer.evaluate()
@@ -203,6 +212,9 @@ def train_head(args, elmo, features: dict, id2label: dict, layer_norm: bool, see
         "seed": seed,
         "valid_f1": valid["eval_f1"],
         "test": {key: test[f"test_{key}"] for key in ("precision", "recall", "f1")},
+        # How long it trained: the epochs it could run, the epoch it stopped at and the one kept (its best).
+        "epochs": {"allowed": epochs, "run": round(trainer.state.epoch, 2),
+                   "kept": round((trainer.state.best_global_step or 0) / steps_per_epoch, 2)},
         "layer_weights": [round(float(w), 4) for w in model.layer_weights()],
         "wall_s": round(time.perf_counter() - start, 1),
     }
@@ -221,6 +233,10 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     # Before anything is fetched or written: a mistyped folder is one line, not a traceback after the data stage.
+    if args.epochs is not None and not args.epochs > 0:
+        parser.error(f"--epochs must be > 0, got {args.epochs:g}")
+    if args.early_stopping_patience < 0:
+        parser.error(f"--early-stopping-patience must be >= 0 (0: off), got {args.early_stopping_patience}")
     task_files = {"train": args.train_file, "valid": args.valid_file, "test": args.test_file}
     if any(task_files.values()) and not all(task_files.values()):
         parser.error("give all of --train-file, --valid-file and --test-file, or none (CoNLL-2003 English)")
@@ -247,7 +263,8 @@ def experiment(args, results_file: str) -> int:
     from transformers import AutoTokenizer
 
     from hf_elmo import ElmoModel
-    from hf_elmo.finetuning import DataFileError, build_label_map, compute_elmo_layers
+    from hf_elmo.finetuning import (DataFileError, build_label_map, compute_elmo_layers, default_head_epochs,
+                                    head_training_rule)
     from hf_elmo.safe_output import write_text_atomic
     from hf_elmo.testing_utils import conll2003_english, cpu_model, sotu_sentences
 
@@ -293,6 +310,12 @@ def experiment(args, results_file: str) -> int:
                                for layer, s in zip(layers, sentences)]
         return features
 
+    patience = args.early_stopping_patience or None
+    if args.epochs:
+        logger.info("Each head trains %g epochs%s, the best epoch by valid F1 kept", args.epochs, (
+            f", stopping when that has not improved for {patience} in a row" if patience else ""))
+    else:
+        logger.info("Each head trains %s", head_training_rule(len(splits["train"]), args.batch_size, patience))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     variants = [variant for variant in VARIANTS if variant[0] in args.variants]
     runs = {name: [] for name, _, _ in variants}
@@ -342,7 +365,10 @@ def experiment(args, results_file: str) -> int:
             "sentences": {split: len(sentences) for split, sentences in splits.items()},
             "head": {"head_crf": True, "head_lstm_dim": args.head_lstm_dim, "mix_dropout": args.mix_dropout,
                      "freeze_elmo": True,
-                     "epochs": args.epochs, "batch_size": args.batch_size, "learning_rate": args.learning_rate},
+                     "epochs": args.epochs or default_head_epochs(len(splits["train"]), args.batch_size),
+                     "epochs_given": args.epochs is not None, "early_stopping_patience": patience,
+                     "batch_size": args.batch_size,
+                     "learning_rate": args.learning_rate},
         },
         "variants": {name: {**summary_of(results), "runs": results} for name, results in runs.items()},
         "wall_s": wall,

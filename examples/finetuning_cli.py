@@ -25,7 +25,16 @@ from dataclasses import dataclass, field
 from transformers import EarlyStoppingCallback, HfArgumentParser, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy
 
-from hf_elmo.finetuning import DataFileError, plot_layer_weights
+from hf_elmo.finetuning import (
+    HEAD_MAX_EPOCHS,
+    HEAD_MIN_EPOCHS,
+    HEAD_MIN_STEPS,
+    HEAD_PATIENCE,
+    DataFileError,
+    default_head_epochs,
+    head_training_rule,
+    plot_layer_weights,
+)
 from hf_elmo.publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, SOURCE_FILE, folder_model_card
 from hf_elmo.safe_output import (
     OutputError,
@@ -129,7 +138,11 @@ class ElmoTrainingArguments(TrainingArguments):
         "labels and training arguments), which are then resumed from."
     )})
     learning_rate: float = field(default=1e-2, metadata={"help": "peak AdamW learning rate."})
-    num_train_epochs: float = field(default=3.0, metadata={"help": "training epochs."})
+    num_train_epochs: float | None = field(default=None, metadata={"help": (
+        f"training epochs (default: enough for {HEAD_MIN_STEPS} optimizer steps, at least {HEAD_MIN_EPOCHS} and at "
+        f"most {HEAD_MAX_EPOCHS}: {default_head_epochs(1000, 32)} for 1,000 sentences at batch 32, "
+        f"{default_head_epochs(14041, 32)} for CoNLL-2003's 14,041; measured, README \"Small data\")."
+    )})
     per_device_train_batch_size: int = field(default=32, metadata={"help": "sentences per device in training."})
     per_device_eval_batch_size: int = field(default=32, metadata={"help": "sentences per device in evaluation."})
     eval_strategy: IntervalStrategy | str = field(default="epoch", metadata={"help": (
@@ -145,7 +158,8 @@ class ElmoTrainingArguments(TrainingArguments):
         "stop when the validation score has not improved for this many evaluations in a row, and keep the best "
         "checkpoint (Transformers' EarlyStoppingCallback; turns on --load_best_model_at_end). The score is "
         "--metric_for_best_model, default the task's: entity f1 with chunk tags, token_accuracy for other tags, "
-        "accuracy for sentence classes. Needs validation data."
+        f"accuracy for sentence classes. Default: {HEAD_PATIENCE} when there is validation data and it is scored "
+        "when checkpoints are saved (--eval_strategy as --save_strategy), else off; 0 turns it off."
     )})
 
     def __post_init__(self):
@@ -221,8 +235,10 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
             parser.error(f"--{name} must be >= 1, got {value}")
     if threads_error(training.threads):
         parser.error(threads_error(training.threads))
-    if training.early_stopping_patience is not None and training.early_stopping_patience < 1:
-        parser.error(f"--early_stopping_patience must be >= 1, got {training.early_stopping_patience}")
+    if training.early_stopping_patience is not None and training.early_stopping_patience < 0:
+        parser.error(f"--early_stopping_patience must be >= 0 (0: off), got {training.early_stopping_patience}")
+    if training.num_train_epochs is not None and not training.num_train_epochs > 0:
+        parser.error(f"--num_train_epochs must be > 0, got {training.num_train_epochs:g}")
     if training.push_to_hub:
         from huggingface_hub import constants, get_token
 
@@ -414,7 +430,7 @@ class ValidationLog(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:
             reason = (f"the {args.max_steps} steps of --max_steps ran" if args.max_steps > 0
-                      else f"the {args.num_train_epochs:g} epochs of --num_train_epochs ran")
+                      else f"all {args.num_train_epochs:g} epochs ran")
         else:
             reason = (f"early stopping: {args.metric_for_best_model} did not improve for "
                       f"{args.early_stopping_patience} evaluations in a row")
@@ -606,6 +622,37 @@ def check_packages(modules) -> None:
                             'install "hf-elmo[examples]"')
 
 
+def apply_training_length_defaults(training_args, features: dict, do_train: bool) -> None:
+    """
+    --num_train_epochs and --early_stopping_patience that the user left unset take the small-data rule
+    (`hf_elmo.finetuning.default_head_epochs`, HEAD_PATIENCE), and a training run says in one log line what it
+    will do. Early stopping is a default only where the best evaluation has a checkpoint to go back to.
+    """
+    patience_given = training_args.early_stopping_patience is not None
+    if not patience_given:
+        scored = "validation" in features and training_args.eval_strategy != IntervalStrategy.NO
+        saved_when_scored = training_args.save_strategy in (training_args.eval_strategy, "best") and (
+            training_args.eval_strategy != IntervalStrategy.STEPS
+            or training_args.save_steps % training_args.eval_steps == 0)
+        training_args.early_stopping_patience = HEAD_PATIENCE if scored and saved_when_scored else 0
+    examples = len(features.get("train", ()))
+    batch_size = (training_args.train_batch_size * training_args.gradient_accumulation_steps
+                  * training_args.world_size)
+    epochs_given = training_args.num_train_epochs is not None
+    if not epochs_given:
+        training_args.num_train_epochs = float(default_head_epochs(examples, batch_size))
+    if not do_train or (epochs_given and patience_given) or training_args.max_steps > 0:
+        return
+    patience = training_args.early_stopping_patience or None
+    if not epochs_given:
+        logger.info("Training length (the default; --num_train_epochs and --early_stopping_patience set it): %s",
+                    head_training_rule(examples, batch_size, patience))
+    elif patience:
+        logger.info("Early stopping (the default; --early_stopping_patience 0 turns it off): training stops when the "
+                    "validation score has not improved for %d evaluations in a row, and the best one is kept",
+                    patience)
+
+
 def run_finetuning(model_args, data_args, training_args, model, tokenizer, task: Task, load_options: dict) -> dict:
     """
     Train `model` with the Trainer on task.features["train"] (scored on "validation" every epoch when there is
@@ -627,6 +674,7 @@ def run_finetuning(model_args, data_args, training_args, model, tokenizer, task:
             option = "early_stopping_patience" if training_args.early_stopping_patience else "load_best_model_at_end"
             raise DataFileError(f"--{option} needs validation data: give --validation_file.")
         training_args.eval_strategy = IntervalStrategy.NO
+    apply_training_length_defaults(training_args, task.features, do_train)
     if training_args.early_stopping_patience:
         # Stopping on a score that no longer improves keeps the best checkpoint, as the Trainer does it.
         training_args.load_best_model_at_end = True

@@ -84,7 +84,8 @@ def test_token_classification_example_fits_conll(token_example, converted_dir, c
     labels = json.loads((output / "labels.json").read_text())
     assert labels == {"id2label": {"0": "O", "1": "I-LOC", "2": "I-ORG", "3": "I-PER"}}
     assert (output / "layer_weights.png").read_bytes()[:8] == PNG_SIGNATURE
-    assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-56", "checkpoint-64"]
+    # The best epoch's (kept by the default early stopping: F1 1.0 from step 24) and the last.
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-24", "checkpoint-64"]
     model = AutoModelForTokenClassification.from_pretrained(output)
     assert model.config.id2label == {0: "O", 1: "I-LOC", 2: "I-ORG", 3: "I-PER"}
     assert model.layer_weights().tolist() == pytest.approx(metrics["layer_weights"], abs=1e-7)
@@ -328,6 +329,48 @@ def test_early_stopping_stops_on_the_validation_rule_and_says_why(token_example,
     with pytest.raises(DataFileError, match="^--early_stopping_patience needs validation data: give --validation_file"):
         token_example.main(["--model_name_or_path", str(converted_dir), "--train_file", fixture, "--output_dir",
                             str(tmp_path / "no-validation"), "--early_stopping_patience", "2"])
+
+
+def test_default_training_length_stops_on_the_validation_rule(token_example, converted_dir, fixtures_root, tmp_path,
+                                                               caplog):
+    """Issue 43: without --num_train_epochs or --early_stopping_patience, a small slice (2 sentences, batch 1) may
+    train the rule's 30 epochs, is scored every epoch, stops when entity F1 has not improved for HEAD_PATIENCE
+    evaluations in a row, and keeps the best epoch; without validation data every epoch of the rule runs."""
+    fixture = str(fixtures_root / "data" / "conll2003.txt")
+    common = ["--model_name_or_path", str(converted_dir), "--train_file", fixture, "--per_device_train_batch_size",
+              "1", "--disable_tqdm", "true"]
+    with caplog.at_level("INFO"):
+        metrics = token_example.main([*common, "--validation_file", fixture, "--output_dir", str(tmp_path / "ner")])
+    assert ("Training length (the default; --num_train_epochs and --early_stopping_patience set it): up to 30 "
+            "epochs: 2 training examples in batches of 1 (the default takes enough epochs for 1600 optimizer steps, "
+            "at least 3 and at most 30), scored on the validation data every epoch; training stops when the score "
+            "has not improved for 5 evaluations in a row, and the best epoch is kept") in caplog.text
+    stopped = re.search(r"Training stopped at step (\d+) of 60: early stopping: f1 did not improve for 5 "
+                        r"evaluations in a row; the best checkpoint \(step (\d+), f1 ([\d.]+)\) is kept", caplog.text)
+    assert stopped, caplog.text[-2000:]
+    step, best, best_f1 = int(stopped.group(1)), int(stopped.group(2)), float(stopped.group(3))
+    assert step == best + 5 * 2 < 60  # five evaluations, an epoch (2 steps) each, after the best one
+    evaluations = re.findall(r"Validation at epoch [\d.]+, step (\d+): loss [\d.]+, token_accuracy", caplog.text)
+    assert [int(s) for s in evaluations] == list(range(2, step + 1, 2))
+    assert round(metrics["validation"]["entities"]["overall"]["f1"], 4) == best_f1  # the kept model is the best epoch's
+    state = json.loads((tmp_path / "ner" / f"checkpoint-{step}" / "trainer_state.json").read_text())
+    assert state["best_global_step"] == best and state["max_steps"] == 60
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        token_example.main([*common, "--output_dir", str(tmp_path / "no-validation"), "--save_strategy", "no"])
+    assert ("Training length (the default; --num_train_epochs and --early_stopping_patience set it): 30 epochs: 2 "
+            "training examples in batches of 1 (the default takes enough epochs for 1600 optimizer steps, at least 3 "
+            "and at most 30); every epoch runs and the last one is kept (stopping early needs validation data, "
+            "scored when a checkpoint is saved)") in caplog.text
+    assert "Training stopped at step 60 of 60: all 30 epochs ran" in caplog.text
+
+
+def test_the_default_epochs_follow_the_measured_rule():
+    from hf_elmo.finetuning import default_head_epochs
+
+    # CoNLL-2003 at batch 32: the README's subsets and the full training set.
+    assert [default_head_epochs(n, 32) for n in (16, 500, 1000, 2000, 5000, 14041)] == [30, 30, 30, 26, 11, 4]
+    assert default_head_epochs(0, 32) == 30 and default_head_epochs(51200, 32) == 3  # 1,600 steps in 1 epoch
 
 
 def test_output_folder_removes_only_what_the_failed_run_created(token_example, tmp_path):
