@@ -176,6 +176,7 @@ def train_head(args, elmo, features: dict, id2label: dict, layer_norm: bool, see
     from transformers import EarlyStoppingCallback, Trainer, TrainingArguments
 
     from hf_elmo import ElmoConfig, ElmoForTokenClassification
+    from finetuning_cli import ValidationLog  # beside this script
     from hf_elmo.finetuning import ElmoLayersCollator, default_head_epochs
 
     # The biLM's architecture, without what Transformers records about a saved model or the LM's vocabulary.
@@ -201,7 +202,9 @@ def train_head(args, elmo, features: dict, id2label: dict, layer_norm: bool, see
     trainer = Trainer(model=model, args=training_args, train_dataset=features["train"],
                       eval_dataset=features["valid"], data_collator=ElmoLayersCollator(),
                       compute_metrics=ner_scores(id2label),
-                      callbacks=[EarlyStoppingCallback(args.early_stopping_patience)] * (args.early_stopping_patience > 0))
+                      # The examples' log: valid F1 after each epoch, and when and why the head stopped.
+                      callbacks=[ValidationLog(args.early_stopping_patience)]
+                      + [EarlyStoppingCallback(args.early_stopping_patience)] * (args.early_stopping_patience > 0))
     steps_per_epoch = len(trainer.get_train_dataloader())
     start = time.perf_counter()
     trainer.train()

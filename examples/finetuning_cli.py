@@ -412,7 +412,8 @@ class ValidationLog(TrainerCallback):
     """One log line per evaluation (the validation scores, and the best so far by --metric_for_best_model), and one
     at the end saying why training stopped: the epochs or steps asked for ran out, or early stopping."""
 
-    def __init__(self):
+    def __init__(self, patience: int | None):
+        self.patience = patience  # of the EarlyStoppingCallback beside it, if any
         self.best = None  # (score, step) by --metric_for_best_model, this evaluation included
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
@@ -432,8 +433,8 @@ class ValidationLog(TrainerCallback):
             reason = (f"the {args.max_steps} steps of --max_steps ran" if args.max_steps > 0
                       else f"all {args.num_train_epochs:g} epochs ran")
         else:
-            reason = (f"early stopping: {args.metric_for_best_model} did not improve for "
-                      f"{args.early_stopping_patience} evaluations in a row")
+            reason = (f"early stopping: {args.metric_for_best_model} did not improve for {self.patience} "
+                      "evaluations in a row")
         kept = (f"; the best checkpoint (step {state.best_global_step}, {args.metric_for_best_model} "
                 f"{state.best_metric:.4f}) is kept" if args.load_best_model_at_end and state.best_metric is not None
                 else "")
@@ -730,8 +731,9 @@ def _train_and_report(model_args, data_args, training_args, model, tokenizer, ta
         compute_metrics=compute_metrics,
         # Keep only the argmax: whole logits of every evaluation example would be gathered in memory.
         preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
-        callbacks=[RunRecordCallback(record), ValidationLog()] + ([EarlyStoppingCallback(
-            training_args.early_stopping_patience)] if training_args.early_stopping_patience else []),
+        callbacks=[RunRecordCallback(record), ValidationLog(training_args.early_stopping_patience)]
+        + ([EarlyStoppingCallback(training_args.early_stopping_patience)] if training_args.early_stopping_patience
+           else []),
     )
     task_name = data_args.task_name or task.name
     metrics = {

@@ -76,13 +76,19 @@ def test_the_experiment_runs_end_to_end_on_slices(tmp_path, capsys):
         files[split] = tmp_path / f"{split}.conll"
         files[split].write_text("\n\n".join(text[1:9]) + "\n", encoding="utf-8")  # 8 sentences after -DOCSTART-
     assert downstream.main([
-        "--output-dir", str(tmp_path / "own-data"), "--pretrained", str(output / "bilm"), "--seeds", "1", "--epochs",
-        "1", "--head-lstm-dim", "8", "--variants", "pretrained", "--train-file", str(files["train"]), "--valid-file",
+        "--output-dir", str(tmp_path / "own-data"), "--pretrained", str(output / "bilm"), "--seeds", "1",
+        "--head-lstm-dim", "8", "--variants", "pretrained", "--train-file", str(files["train"]), "--valid-file",
         str(files["valid"]), "--test-file", str(files["test"]),
     ]) == 0
     own = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert own["task"]["data"] == {"train": "train.conll", "valid": "valid.conll", "test": "test.conll"}
     assert own["task"]["sentences"] == {"train": 8, "valid": 8, "test": 8}
+    # The examples' training length (issue 43): 8 sentences, one step an epoch, may train 30 epochs; the head stops
+    # 5 epochs after its best one, which is kept, or runs all 30.
+    head = own["task"]["head"]
+    assert (head["epochs"], head["epochs_given"], head["early_stopping_patience"]) == (30, False, 5)
+    (epochs,) = [run["epochs"] for run in own["variants"]["pretrained"]["runs"]]
+    assert epochs["allowed"] == 30 and (epochs["run"] == epochs["kept"] + 5 or epochs["run"] == 30)
     with pytest.raises(SystemExit) as stopped:
         downstream.main(["--output-dir", str(tmp_path / "partial"), "--train-file", str(files["train"])])
     assert stopped.value.code == 2 and "give all of --train-file, --valid-file and --test-file, or none" in (
