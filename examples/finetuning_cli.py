@@ -158,8 +158,8 @@ class ElmoTrainingArguments(TrainingArguments):
         "stop when the validation score has not improved for this many evaluations in a row, and keep the best "
         "checkpoint (Transformers' EarlyStoppingCallback; turns on --load_best_model_at_end). The score is "
         "--metric_for_best_model, default the task's: entity f1 with chunk tags, token_accuracy for other tags, "
-        f"accuracy for sentence classes. Default: {HEAD_PATIENCE} when there is validation data and it is scored "
-        "when checkpoints are saved (--eval_strategy as --save_strategy), else off; 0 turns it off."
+        f"accuracy for sentence classes; 0 turns it off (default: {HEAD_PATIENCE} when there is validation data "
+        "and it is scored when checkpoints are saved, --eval_strategy as --save_strategy; else off)."
     )})
 
     def __post_init__(self):
@@ -177,7 +177,13 @@ class ElmoTrainingArguments(TrainingArguments):
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The script's docstring as written, and each option's default (as HfArgumentParser shows them)."""
+    """The script's docstring as written, and each option's default (as HfArgumentParser shows them), except where
+    the help already says what the default is (a None there stands for a rule the help states)."""
+
+    def _get_help_string(self, action):
+        if "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def options_from_json(path: str, parser) -> list[str]:
