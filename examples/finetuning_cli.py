@@ -140,7 +140,7 @@ class ElmoTrainingArguments(TrainingArguments):
     learning_rate: float = field(default=1e-2, metadata={"help": "peak AdamW learning rate."})
     num_train_epochs: float | None = field(default=None, metadata={"help": (
         f"training epochs (default: enough for {HEAD_MIN_STEPS} optimizer steps, at least {HEAD_MIN_EPOCHS} and at "
-        f"most {HEAD_MAX_EPOCHS}: {default_head_epochs(1000, 32)} for 1,000 sentences at batch 32, "
+        f"most {HEAD_MAX_EPOCHS}: {default_head_epochs(2000, 32)} for 2,000 sentences at batch 32, "
         f"{default_head_epochs(14041, 32)} for CoNLL-2003's 14,041; measured, README \"Small data\")."
     )})
     per_device_train_batch_size: int = field(default=32, metadata={"help": "sentences per device in training."})

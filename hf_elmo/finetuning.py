@@ -285,7 +285,7 @@ def classification_scores(gold: list[str], predicted: list[str]) -> dict:
 # validation data it is scored every epoch, stops when the score has not improved for HEAD_PATIENCE evaluations in
 # a row, and the best epoch is kept.
 # ---------------------------------------------------------------------------------------------
-HEAD_MIN_STEPS = 1750
+HEAD_MIN_STEPS = 2000
 HEAD_MIN_EPOCHS = 3
 HEAD_MAX_EPOCHS = 30
 HEAD_PATIENCE = 5
