@@ -171,13 +171,15 @@ def ner_scores(id2label: dict):
     return compute
 
 
-def train_head(args, elmo, features: dict, id2label: dict, layer_norm: bool, seed: int, work_dir: str) -> dict:
+def train_head(args, epochs: float, elmo, features: dict, id2label: dict, layer_norm: bool, seed: int,
+               work_dir: str) -> dict:
+    """One NER head, trained for at most `epochs` on the cached biLM layers `features`, scored on valid and test."""
     import torch
     from transformers import EarlyStoppingCallback, Trainer, TrainingArguments
 
     from hf_elmo import ElmoConfig, ElmoForTokenClassification
     from finetuning_cli import ValidationLog  # beside this script
-    from hf_elmo.finetuning import ElmoLayersCollator, default_head_epochs
+    from hf_elmo.finetuning import ElmoLayersCollator
 
     # The biLM's architecture, without what Transformers records about a saved model or the LM's vocabulary.
     config = elmo.config.to_dict()
@@ -188,7 +190,6 @@ def train_head(args, elmo, features: dict, id2label: dict, layer_norm: bool, see
         "freeze_elmo": True, "mix_layer_norm": layer_norm, "head_lstm_dim": args.head_lstm_dim, "head_crf": True,
         "mix_dropout": args.mix_dropout,
     })
-    epochs = args.epochs or default_head_epochs(len(features["train"]), args.batch_size)
     torch.manual_seed(seed)
     model = ElmoForTokenClassification(head_config)
     model.elmo.load_state_dict(elmo.state_dict())  # a complete tagger, though training never runs the biLM
@@ -313,6 +314,8 @@ def experiment(args, results_file: str) -> int:
                                for layer, s in zip(layers, sentences)]
         return features
 
+    # Every head may train as long: --epochs, or the examples' rule for this many training sentences.
+    epochs = args.epochs or default_head_epochs(len(splits["train"]), args.batch_size)
     patience = args.early_stopping_patience or None
     if args.epochs:
         logger.info("Each head trains %g epochs%s, the best epoch by valid F1 kept", args.epochs, (
@@ -344,7 +347,7 @@ def experiment(args, results_file: str) -> int:
             stage = time.perf_counter()
             for name, _, layer_norm in (v for v in variants if v[1] == bilm):
                 for seed in args.seeds if bilm_seed is None else [bilm_seed]:
-                    run = train_head(args, elmo, features, id2label, layer_norm, seed,
+                    run = train_head(args, epochs, elmo, features, id2label, layer_norm, seed,
                                      os.path.join(work, f"{name}-{seed}"))
                     logger.info("%s, seed %d: test F1 %.4f (valid %.4f)", name, seed, run["test"]["f1"],
                                 run["valid_f1"])
@@ -368,7 +371,7 @@ def experiment(args, results_file: str) -> int:
             "sentences": {split: len(sentences) for split, sentences in splits.items()},
             "head": {"head_crf": True, "head_lstm_dim": args.head_lstm_dim, "mix_dropout": args.mix_dropout,
                      "freeze_elmo": True,
-                     "epochs": args.epochs or default_head_epochs(len(splits["train"]), args.batch_size),
+                     "epochs": epochs,
                      "epochs_given": args.epochs is not None, "early_stopping_patience": patience,
                      "batch_size": args.batch_size,
                      "learning_rate": args.learning_rate},
