@@ -115,6 +115,17 @@ def test_a_second_experiment_on_one_folder_is_refused_untouched(tmp_path):
     assert os.listdir(tmp_path) == []  # no folder made, the lock file gone with its holder
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--epochs", "0", "--epochs must be > 0, got 0"),
+    ("--early-stopping-patience", "-2", "--early-stopping-patience must be >= 0 (0: off), got -2"),
+])
+def test_a_training_length_below_its_bound_is_a_usage_error(tmp_path, capsys, option, value, message):
+    with pytest.raises(SystemExit) as stopped:
+        load_example("downstream_ner").main(["--output-dir", str(tmp_path / "o"), option, value])
+    assert stopped.value.code == 2 and f"error: {message}" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []  # refused before anything is fetched or written
+
+
 @pytest.mark.parametrize("count", ["0", "-3"])
 def test_sentence_counts_below_one_are_usage_errors(tmp_path, capsys, count):
     # 0 meant every sentence, and a negative count ended in a KeyError.

@@ -693,7 +693,13 @@ def test_options_files_and_unknown_options_are_checked_as_the_command_line_is(tm
         assert exit_info.value.code == 2 and message in capsys.readouterr().err, name
     for argv, message in (([str(tmp_path / "nope.json")], "nope.json: no such options file"),
                           (["--model_name_or_path", "m", "--train_file", "t", "--output_dir", "o", "--bogus", "1"],
-                           "error: unrecognized arguments: --bogus 1")):
+                           "error: unrecognized arguments: --bogus 1"),
+                          # The training length's overrides: epochs above 0, a patience of 0 or more (0: off).
+                          (["--model_name_or_path", "m", "--train_file", "t", "--output_dir", "o",
+                            "--num_train_epochs", "0"], "error: --num_train_epochs must be > 0, got 0"),
+                          (["--model_name_or_path", "m", "--train_file", "t", "--output_dir", "o",
+                            "--early_stopping_patience", "-1"],
+                           "error: --early_stopping_patience must be >= 0 (0: off), got -1")):
         with pytest.raises(SystemExit) as exit_info:
             parse(argv)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
