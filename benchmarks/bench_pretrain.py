@@ -56,7 +56,7 @@ sys.path.insert(0, REPO_ROOT)
 
 import bench_utils  # noqa: E402  (run as a script: its folder is on sys.path)
 
-from hf_elmo.elmo_implementations import implementation_name  # noqa: E402
+from hf_elmo.configuration_elmo import implementation_name  # noqa: E402
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG  # noqa: E402
 from hf_elmo.pretraining import LossWindow, PretrainingRun  # noqa: E402
 from hf_elmo.pretraining_args import parse_args as parse_pretraining_args  # noqa: E402
@@ -69,7 +69,8 @@ from hf_elmo.pretraining_data import (  # noqa: E402
 )
 from hf_elmo.testing_utils import cpu_model, english_text_sample  # noqa: E402
 from hf_elmo.tokenization_elmo import ElmoTokenizer  # noqa: E402
-from hf_elmo.vocabulary import build_vocab, write_vocab  # noqa: E402
+from hf_elmo.pretraining_data import build_vocab  # noqa: E402
+from hf_elmo.tokenization_elmo import write_vocab  # noqa: E402
 
 
 def loader(settings: dict, encoder: BatchEncoder, num_workers: int, pin: bool):

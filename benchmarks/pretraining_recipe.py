@@ -123,7 +123,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     from hf_elmo.pretraining_data import WordSplitter, count_words
     from hf_elmo.testing_utils import sotu_sentences
-    from hf_elmo.vocabulary import build_vocab, write_vocab
+    from hf_elmo.pretraining_data import build_vocab
+    from hf_elmo.tokenization_elmo import write_vocab
 
     work_dir = os.path.abspath(args.work_dir or tempfile.mkdtemp(prefix="pretraining-recipe-"))
     os.makedirs(work_dir, exist_ok=True)

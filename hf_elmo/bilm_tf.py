@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .configuration_elmo import N_CHARACTERS, ElmoConfig
-from . import vocabulary
+from . import tokenization_elmo
 from .safe_output import check_room
 
 
@@ -262,14 +262,14 @@ def write_weights(path: str, state_dict: dict[str, torch.Tensor], config: ElmoCo
 def read_vocab(path: str) -> list[str]:
     """A bilm-tf vocabulary file: one word per line, most frequent first, with `<S>`, `</S>` and `<UNK>`."""
     try:
-        words = vocabulary.read_vocab(path)  # the rules of vocabulary.py, shared with the tokenizer
+        words = tokenization_elmo.read_vocab(path)  # the file format's rules, shared with the tokenizer
     except FileNotFoundError:
         raise BilmTfFormatError(f"{path}: vocabulary file not found.") from None
     except IsADirectoryError:
         raise BilmTfFormatError(f"{path}: is a directory, expected a vocabulary file.") from None
     except UnicodeDecodeError as error:
         raise BilmTfFormatError(f"{path}: vocabulary file is not UTF-8 text (byte {error.start}).") from None
-    missing = vocabulary.missing_special_words(words)
+    missing = tokenization_elmo.missing_special_words(words)
     if missing:
         raise BilmTfFormatError(
             f"{path}: vocabulary lacks {', '.join(missing)}; a bilm-tf vocabulary lists one word per line with "

@@ -1,10 +1,34 @@
-"""ELMo configuration, and the character-id scheme shared by the tokenizer and the model."""
+"""ELMo configuration: the character-id scheme shared by the tokenizer and the model, the config, and the registry
+of implementations its `elmo_implementation` names."""
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 from transformers import PreTrainedConfig
 
-from .elmo_implementations import check_implementation_name
-from .elmo_presets import ELMO_PRESETS
+
+def package_module(name: str):
+    """
+    The module `name` of the package this file is in (hf_elmo, or the copy `benchmarks/ab_cpu_implementation.py`
+    loads), or None where it lacks it: a saved folder's copy of the code, loaded with trust_remote_code=True.
+    Transformers copies into a saved folder only the files that relative `import` statements reach, so a folder
+    ships what loading and the reference computation need (this file, the model, the tokenizer, the pipeline);
+    what is imported this way comes with `pip install hf-elmo`. (tests/test_import_graph.py counts these imports.)
+    """
+    try:
+        return importlib.import_module(f".{name}", __package__)
+    except ModuleNotFoundError:
+        return None
+
+
+def require_hf_elmo(feature: str, present) -> None:
+    """One line where a feature that comes with `pip install hf-elmo` is asked of a copy that lacks it."""
+    if present is None:
+        raise ImportError(f"{feature}: part of the hf_elmo package, not of a saved folder's code. `pip install "
+                          "hf-elmo`, then load the model after `import hf_elmo` and without trust_remote_code.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,6 +100,70 @@ def char_ids_to_word(row, max_characters_per_token: int = 50) -> str:
 
 # The character filters of every published allenai configuration (2048 in all).
 _RELEASED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
+
+
+# ---------------------------------------------------------------------------------------------
+# Which code computes ELMo's char CNN and biLSTM. As Transformers' attention implementations, an implementation
+# changes speed, never the function: `ElmoCharacterEncoder` and `ElmoBiLstm` look theirs up on every call, and the
+# tests hold every implementation to "reference", the model's own plain computation (`modeling_elmo.py`). "cpu"
+# (`elmo_cpu.py`: each distinct word once, a packed in-place recurrence) and "cuda" (`elmo_cuda.py`: static
+# shapes, no host syncs) come with `pip install hf-elmo` and register themselves when first chosen.
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ElmoImplementation:
+    """
+    `bilstm(module, tokens, mask, state, output_layers, words_only, dropout_masks)` computes what `ElmoBiLstm`
+    specifies, with `module`'s parameters. `token_vectors(encoder, char_ids)` computes what `ElmoCharacterEncoder`
+    specifies; None keeps the encoder's own (reference) computation.
+    """
+
+    bilstm: Callable
+    token_vectors: Callable | None = None
+
+
+BUILT_IN_NAMES = ("reference", "cpu", "cuda")
+ELMO_IMPLEMENTATIONS: dict[str, ElmoImplementation] = {}
+
+
+def register(name: str, implementation: ElmoImplementation) -> None:
+    """Make `implementation` selectable as `name` (`ElmoConfig.elmo_implementation`, `from_pretrained(...,
+    elmo_implementation=name)`); registering a name again replaces it."""
+    if not isinstance(implementation, ElmoImplementation):
+        raise TypeError(f"register({name!r}, ...) takes an ElmoImplementation, got {type(implementation).__name__}.")
+    ELMO_IMPLEMENTATIONS[name] = implementation
+
+
+def implementation_names() -> tuple:
+    """What `ElmoConfig.elmo_implementation` accepts: None (chosen per call by the inputs' device) or a name."""
+    return (None, *BUILT_IN_NAMES, *(name for name in ELMO_IMPLEMENTATIONS if name not in BUILT_IN_NAMES))
+
+
+def implementation_name(configured: str | None, device: torch.device) -> str:
+    """
+    The selection rule, in one place: `configured` when set, else by the inputs' device, "cuda" on a GPU and "cpu"
+    on a CPU ("reference" elsewhere). Inside `torch.compile`, which traces static graphs, the default is "cuda" on
+    any device (the "cpu" implementation reads lengths back to the host).
+    """
+    if configured is not None:
+        return configured
+    if device.type == "cuda" or torch.compiler.is_compiling():
+        return "cuda"
+    return "cpu" if device.type == "cpu" else "reference"
+
+
+def elmo_implementation_for(config, device: torch.device) -> ElmoImplementation:
+    """The implementation that computes a model with `config` (its `elmo_implementation`) on `device`. Where the
+    rule's choice is not there (a saved folder's copy of the code has "reference" only), "reference" unless the
+    config names it."""
+    name = implementation_name(config.elmo_implementation, device)
+    if name not in ELMO_IMPLEMENTATIONS and name in ("cpu", "cuda"):
+        package_module(f"elmo_{name}")  # registers itself, where the package has it
+    if name in ELMO_IMPLEMENTATIONS:
+        return ELMO_IMPLEMENTATIONS[name]
+    if config.elmo_implementation is None:
+        return ELMO_IMPLEMENTATIONS["reference"]
+    raise ValueError(f"elmo_implementation {name!r} is not available here: the 'cpu' and 'cuda' implementations "
+                     "come with the hf_elmo package (`pip install hf-elmo`, then `import hf_elmo`).")
 
 
 # Every class a saved folder can be loaded as with `trust_remote_code=True` (where hf_elmo is not installed).
@@ -165,7 +253,7 @@ class ElmoConfig(PreTrainedConfig):
         elmo_implementation (`str` or `None`, defaults to `None`): which implementation computes the char CNN and
             the biLSTM: `"reference"` (the modules' own readable maths), `"cpu"` (tuned for CPUs, inference and
             training) or `"cuda"` (static shapes, no host syncs, fused recurrence). `None` chooses by the device
-            of the inputs on every call (the rule and registry: `elmo_implementations.py`). All compute the same
+            of the inputs on every call (the rule and registry: `elmo_implementation_for` above). All compute the same
             function; set it with `from_pretrained(..., elmo_implementation=...)` or
             `model.set_elmo_implementation(...)`.
 
@@ -242,7 +330,10 @@ class ElmoConfig(PreTrainedConfig):
 
     @elmo_implementation.setter
     def elmo_implementation(self, name: str | None):
-        check_implementation_name(name)
+        if name not in implementation_names():
+            raise ValueError(
+                f"elmo_implementation must be one of {implementation_names()} (None chooses by device), got {name!r}."
+            )
         self._elmo_implementation = name
 
     def to_dict(self) -> dict:
@@ -276,10 +367,12 @@ class ElmoConfig(PreTrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **kwargs) -> "ElmoConfig":
-        """One of the published shapes: `"small"`, `"medium"` or `"original"`."""
-        if name not in ELMO_PRESETS:
-            raise ValueError(f"Unknown ELMo preset {name!r}; choose one of {sorted(ELMO_PRESETS)}.")
-        return cls(**{**ELMO_PRESETS[name], **kwargs})
+        """One of the published shapes: `"small"`, `"medium"` or `"original"` (`elmo_presets.py`)."""
+        presets = package_module("elmo_presets")
+        require_hf_elmo("ElmoConfig.from_preset", presets)
+        if name not in presets.ELMO_PRESETS:
+            raise ValueError(f"Unknown ELMo preset {name!r}; choose one of {sorted(presets.ELMO_PRESETS)}.")
+        return cls(**{**presets.ELMO_PRESETS[name], **kwargs})
 
     def validate_elmo(self):
         def positive_int(field):
@@ -379,4 +472,4 @@ def _check_filters(filters):
     return pairs
 
 
-__all__ = ["ElmoConfig", "ELMO_PRESETS", "word_to_char_ids", "char_ids_to_word"]
+__all__ = ["ElmoConfig", "word_to_char_ids", "char_ids_to_word"]

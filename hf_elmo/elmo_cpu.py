@@ -13,7 +13,7 @@ them), with fewer and better-shaped operations:
 
 With autograd (training on a CPU), the char CNN keeps its distinct-word path and the biLSTM runs `elmo_ops`'s
 batched layers with the packed schedule: rows sorted longest first, each step computing only the rows still
-reading, with the recurrence's hand-written backward. The LSTM maths itself is `elmo_ops`'s.
+reading, with the recurrence's hand-written backward. The LSTM maths itself is the model's (`modeling_elmo`).
 """
 
 import functools
@@ -23,15 +23,9 @@ import torch
 from torch import nn
 
 from .cpu_tuning import few_column_matmul, step_columns
-from .elmo_implementations import ElmoImplementation, register
-from .elmo_ops import (
-    batched_bilstm,
-    clip,
-    fold_forget_bias,
-    is_word_position,
-    lstm_cell,
-    stack_layers,
-)
+from .configuration_elmo import ElmoImplementation, register
+from .elmo_ops import batched_bilstm
+from .modeling_elmo import clip, fold_forget_bias, is_word_position, lstm_cell, stack_layers
 from .int8_weights import Int8Linear, RecurrenceProducts, has_bf16_dot_products
 
 

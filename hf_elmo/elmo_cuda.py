@@ -14,7 +14,7 @@ Clipping follows bilm-tf (TensorFlow's `clip_by_value`): the gradient is zero wh
 Under autocast the matmuls run in the autocast dtype, the cell state and all element-wise maths in fp32.
 """
 
-from .elmo_implementations import ElmoImplementation, register
+from .configuration_elmo import ElmoImplementation, register
 from .elmo_ops import batched_bilstm
 
 

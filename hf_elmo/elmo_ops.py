@@ -1,85 +1,23 @@
-"""The maths every ELMo implementation shares: the highway, the LSTM step and its backward, clipping, the
-forget-bias fold, reversal within lengths, layer stacking, the output layout, and the clipped recurrence.
-
-Written once, here, and imported by the model (`modeling_elmo.py`, whose modules are the specification) and by the
-tuned implementations (`elmo_cpu.py`, `elmo_cuda.py`); this module imports none of them. Changing bilm-tf's
-semantics (a clip, the forget bias, the gate order, the output layout) is a change to this file.
-
-Conventions: "no clip" is `math.inf` (never None); gate pre-activations are laid out (input, candidate, forget,
-output), TensorFlow's `LSTMCell` order, along one dimension (`dim`); a sentence in the biLSTM is `<S> w_1 .. w_n
-</S>` followed by padding, so its length counts the two boundaries.
+"""The clipped LSTM recurrence with a hand-written backward, all directions of a layer at once: the "cuda"
+implementation's (`elmo_cuda.py`) and the "cpu" one's with autograd (`elmo_cpu.py`). The LSTM maths itself (the step,
+clipping, the forget-bias fold, reversal, layer stacking, the output layout) is the model's (`modeling_elmo.py`),
+imported from there; this module adds the step's backward and the recurrence around it. It comes with `pip install
+hf-elmo`, not with a saved folder's code.
 """
 
 import functools
-import math
 
 import torch
 
-
-# TensorFlow's LSTMCell adds this to the forget gate's pre-activation at run time; bilm-tf files do not store it.
-FORGET_GATE_BIAS = 1.0
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Char CNN
-# ---------------------------------------------------------------------------------------------------------------
-def highway(carry: torch.Tensor, transform: torch.Tensor, hidden: torch.Tensor, in_place: bool = False):
-    """
-    bilm-tf's highway layer from its two linear maps of `hidden`: `gate * relu(transform) + (1 - gate) * hidden`
-    with `gate = sigmoid(carry)` (bilm-tf's "carry" gate scales the transformed branch), computed as `hidden +
-    gate * (relu(transform) - hidden)`. `in_place` (no autograd) overwrites `carry` and `transform`, whose result
-    it returns.
-    """
-    if in_place:
-        return transform.relu_().sub_(hidden).mul_(carry.sigmoid_()).add_(hidden)
-    return hidden + torch.sigmoid(carry) * (torch.relu(transform) - hidden)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# One LSTM step
-# ---------------------------------------------------------------------------------------------------------------
-def clip_limit(value: float | None) -> float:
-    """A clip setting from a config (None: no clipping) as the one representation used here: a float, inf for none."""
-    return math.inf if value is None else float(value)
-
-
-def clip(values: torch.Tensor, limit: float, in_place: bool = False) -> torch.Tensor:
-    """TensorFlow's `clip_by_value(values, -limit, limit)`; `limit` inf leaves `values` as they are."""
-    if limit == math.inf:
-        return values
-    return values.clamp_(-limit, limit) if in_place else values.clamp(-limit, limit)
-
-
-def fold_forget_bias(bias: torch.Tensor) -> torch.Tensor:
-    """The gate bias `(..., 4 * lstm_dim)` with `FORGET_GATE_BIAS` added to its forget block, once, instead of at
-    every step."""
-    in_gate, candidate, forget_gate, out_gate = bias.chunk(4, dim=-1)
-    # Python numbers only as operands: writing one into a device tensor would be a host-to-device copy.
-    return torch.cat([in_gate, candidate, forget_gate + FORGET_GATE_BIAS, out_gate], dim=-1)
-
-
-def lstm_cell(gates: torch.Tensor, cell: torch.Tensor, cell_clip: float, dim: int = -1, in_place: bool = False,
-              new_cell: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """
-    The element-wise part of one step of bilm-tf's LSTM (no peepholes): from the gate pre-activations (forget bias
-    folded in) along `dim` and the cell state, the new cell state, clipped, and the cell's output `sigmoid(output) *
-    tanh(cell)` that the projection reads.
-
-    `in_place` (no autograd, the CPU inference path): the activations overwrite `gates`, the new cell goes into the
-    buffer `new_cell`, and the output into the candidate's rows of `gates`; nothing is allocated.
-    """
-    in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=dim)
-    if in_place:
-        lstm_dim = gates.shape[dim] // 4
-        in_gate.sigmoid_()
-        candidate.tanh_()
-        gates.narrow(dim, 2 * lstm_dim, 2 * lstm_dim).sigmoid_()  # the forget and output gates, in one call
-        torch.mul(forget_gate, cell, out=new_cell).addcmul_(in_gate, candidate)
-        clip(new_cell, cell_clip, in_place=True)
-        return new_cell, torch.tanh(new_cell, out=candidate).mul_(out_gate)  # the candidate is spent
-    new_cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(in_gate) * torch.tanh(candidate)
-    new_cell = clip(new_cell, cell_clip)
-    return new_cell, torch.sigmoid(out_gate) * torch.tanh(new_cell)
+from .modeling_elmo import (
+    bidirectional_output,
+    clip,
+    fold_forget_bias,
+    lstm_cell,
+    matmul_dtype,
+    reverse_within_lengths,
+    stack_layers,
+)
 
 
 def lstm_cell_backward(gates, cell, grad_cell, grad_cell_output, active, cell_clip: float):
@@ -104,60 +42,6 @@ def lstm_cell_backward(gates, cell, grad_cell, grad_cell_output, active, cell_cl
         dim=-1,
     )
     return grad_gates, grad_new * f if active is None else torch.where(active, grad_new * f, grad_cell)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Sentences, directions and layers
-# ---------------------------------------------------------------------------------------------------------------
-def reverse_within_lengths(sequences: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Reverse each row's first `length` steps in place of the time axis (dim 1); padding stays put."""
-    steps = torch.arange(sequences.shape[1], device=sequences.device)
-    index = torch.where(steps < lengths[:, None], lengths[:, None] - 1 - steps, steps)
-    index = index.view(*index.shape, *([1] * (sequences.dim() - 2))).expand_as(sequences)
-    return sequences.gather(1, index)
-
-
-def is_word_position(positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """Whether a position of a sentence `lengths` long (`<S>` and `</S>` included) holds a word: word w sits at
-    position w + 1, `</S>` at length - 1."""
-    return (positions >= 1) & (positions <= lengths - 2)
-
-
-def bidirectional_output(forward: torch.Tensor, backward: torch.Tensor, lengths: torch.Tensor, words_only: bool):
-    """
-    One layer's output `[forward; backward]` per position, `(batch, time, 2 * width)`, from each direction's output
-    in its own reading order `(batch, time, width)` (zero past each row's length). `words_only` leaves out the
-    `<S>` and `</S>` positions: `(batch, time - 2, ·)`, word i at i, zero after the row's last word.
-    """
-    output = torch.cat([forward, reverse_within_lengths(backward, lengths)], dim=-1)
-    if words_only:
-        positions = torch.arange(1, output.shape[1] - 1, device=output.device)
-        output = output[:, 1:-1] * is_word_position(positions, lengths[:, None])[..., None]
-    return output
-
-
-def stack_layers(run_layer, layer_input, num_layers: int, skip_connections: bool, input_masks=None,
-                 keep=lambda index: True, in_place: bool = False):
-    """
-    bilm-tf's stack of LSTM layers: `run_layer(index, input) -> (output, cell, hidden)` runs layer `index`; each
-    layer reads the previous one's output. `input_masks[index]` (dropout, pretraining only) multiplies a layer's
-    input; from the second layer on, with `skip_connections`, the layer's input (after its dropout, as bilm-tf's
-    `DropoutWrapper` wraps its `ResidualWrapper`) is added to its output. Returns each layer's output (None for
-    those `keep` rejects, freed once the next layer has read them) and the final cells and hiddens stacked over
-    layers. `in_place` adds the skip connection into the layer's output.
-    """
-    outputs, cells, hiddens = [], [], []
-    for index in range(num_layers):
-        if input_masks is not None:
-            layer_input = layer_input * input_masks[index]
-        output, cell, hidden = run_layer(index, layer_input)
-        if index > 0 and skip_connections:
-            output = output.add_(layer_input) if in_place else output + layer_input
-        outputs.append(output if keep(index) else None)
-        cells.append(cell)
-        hiddens.append(hidden)
-        layer_input = output
-    return outputs, torch.stack(cells), torch.stack(hiddens)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -312,14 +196,6 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             grad_recurrent, grad_projection = torch.zeros_like(recurrent), torch.zeros_like(projection)
         return (grad_input_gates.to(ctx.input_dtype), None, grad_cell, grad_hidden, grad_recurrent, grad_projection,
                 None, None, None)
-
-
-def matmul_dtype(reference: torch.Tensor) -> torch.dtype:
-    """The dtype matmuls run in: autocast's where it is on, else the tensor's own."""
-    device_type = reference.device.type
-    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
-        return torch.get_autocast_dtype(device_type)
-    return reference.dtype
 
 
 def recurrence_layer(layers, inputs, cell, hidden, active=None, rows_at=None):

@@ -7,14 +7,16 @@ projection) -> `ElmoBiLstm` (stacked `ElmoLstmLayer`s per direction) -> `ElmoMod
 `ElmoCharacterEncoder` and `ElmoBiLstm` each look their implementation up on every call, as `LlamaAttention`
 looks up its attention function: "reference" is the plain functions `char_encoder_reference` and
 `bilstm_reference` below, the specification that the tuned "cpu" (`elmo_cpu.py`) and "cuda" (`elmo_cuda.py`) are
-tested against. The registry and selection rule are `elmo_implementations.py`; the maths all of them share (the
-LSTM step, clipping, the forget-bias fold, reversal, layer stacking, the output layout) is `elmo_ops.py`.
+tested against. The registry and selection rule are in `configuration_elmo.py`; the maths all of them share (the
+LSTM step, clipping, the forget-bias fold, reversal, layer stacking, the output layout) is at the top of this file.
 """
 
 import contextlib
-import importlib
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,54 +27,159 @@ from transformers.modeling_outputs import BaseModelOutput, SequenceClassifierOut
 from transformers.utils import ModelOutput, logging
 from transformers.utils.generic import can_return_tuple
 
-from .configuration_elmo import BEGIN_SENTENCE_WORD, END_SENTENCE_WORD, N_CHARACTERS, ElmoConfig, word_to_char_ids
-from .elmo_hub import ElmoHubMixin
-from .elmo_implementations import ELMO_IMPLEMENTATIONS, ElmoImplementation, elmo_implementation_for, register
-from .elmo_ops import (
-    bidirectional_output,
-    clip,
-    clip_limit,
-    fold_forget_bias,
-    highway,
-    lstm_cell,
-    matmul_dtype,
-    reverse_within_lengths,
-    stack_layers,
+from .configuration_elmo import (
+    BEGIN_SENTENCE_WORD,
+    ELMO_IMPLEMENTATIONS,
+    END_SENTENCE_WORD,
+    N_CHARACTERS,
+    ElmoConfig,
+    ElmoImplementation,
+    elmo_implementation_for,
+    package_module,
+    register,
+    require_hf_elmo,
+    word_to_char_ids,
 )
-from .weight_checks import from_pretrained_checked
 
 
-def package_module(name: str):
-    """
-    The module `name` of the package this file is in (hf_elmo, or the copy `benchmarks/ab_cpu_implementation.py`
-    loads), or None where it lacks it: a saved folder's copy of this file, loaded with trust_remote_code=True.
-    Transformers copies into a saved folder only the files that relative `import` statements reach, so that a folder
-    ships what loading and the reference computation need; the modules imported this way come with `pip install
-    hf-elmo`. (tests/test_import_graph.py counts these imports as the others.)
-    """
-    try:
-        return importlib.import_module(f".{name}", __package__)
-    except ModuleNotFoundError:
-        return None
-
-
-# For speed, int8 inference and the sampled softmax; without them (a saved folder's copy) the model computes with the
-# "reference" implementation, and each of the others is one line (`require_hf_elmo`).
-package_module("elmo_cpu"), package_module("elmo_cuda")  # each registers its implementation
+# For speed, int8 inference, the sampled softmax and the checks on loaded weights; without them (a saved folder's
+# copy) the model computes with the "reference" implementation, and asking for the others is one line
+# (`require_hf_elmo`).
 int8_weights = package_module("int8_weights")
 log_uniform_sampler = package_module("log_uniform_sampler")
 sampled_softmax = package_module("sampled_softmax")
 token_cache_module = package_module("token_cache")
-
-
-def require_hf_elmo(feature: str, present) -> None:
-    """One line where a feature that comes with `pip install hf-elmo` is asked of a copy that lacks it."""
-    if present is None:
-        raise ImportError(f"{feature}: part of the hf_elmo package, not of a saved folder's code. `pip install "
-                          "hf-elmo`, then load the model after `import hf_elmo` and without trust_remote_code.")
+weight_checks = package_module("weight_checks")
 
 
 logger = logging.get_logger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------
+# The maths every implementation shares (the tuned ones import it from here): the highway, one LSTM step, clipping,
+# the forget-bias fold, reversal within lengths, layer stacking and the output layout. Changing bilm-tf's semantics
+# is a change here. "No clip" is `math.inf`; gate pre-activations are laid out (input, candidate, forget, output),
+# TensorFlow's `LSTMCell` order; a sentence in the biLSTM is `<S> w_1 .. w_n </S>` then padding, so its length
+# counts the two boundaries.
+# ---------------------------------------------------------------------------------------------
+# TensorFlow's LSTMCell adds this to the forget gate's pre-activation at run time; bilm-tf files do not store it.
+FORGET_GATE_BIAS = 1.0
+
+
+def highway(carry: torch.Tensor, transform: torch.Tensor, hidden: torch.Tensor, in_place: bool = False):
+    """
+    bilm-tf's highway layer from its two linear maps of `hidden`: `gate * relu(transform) + (1 - gate) * hidden`
+    with `gate = sigmoid(carry)` (bilm-tf's "carry" gate scales the transformed branch), computed as `hidden +
+    gate * (relu(transform) - hidden)`. `in_place` (no autograd) overwrites `carry` and `transform`, whose result
+    it returns.
+    """
+    if in_place:
+        return transform.relu_().sub_(hidden).mul_(carry.sigmoid_()).add_(hidden)
+    return hidden + torch.sigmoid(carry) * (torch.relu(transform) - hidden)
+
+
+def clip_limit(value: float | None) -> float:
+    """A clip setting from a config (None: no clipping) as the one representation used here: a float, inf for none."""
+    return math.inf if value is None else float(value)
+
+
+def clip(values: torch.Tensor, limit: float, in_place: bool = False) -> torch.Tensor:
+    """TensorFlow's `clip_by_value(values, -limit, limit)`; `limit` inf leaves `values` as they are."""
+    if limit == math.inf:
+        return values
+    return values.clamp_(-limit, limit) if in_place else values.clamp(-limit, limit)
+
+
+def fold_forget_bias(bias: torch.Tensor) -> torch.Tensor:
+    """The gate bias `(..., 4 * lstm_dim)` with `FORGET_GATE_BIAS` added to its forget block, once, instead of at
+    every step."""
+    in_gate, candidate, forget_gate, out_gate = bias.chunk(4, dim=-1)
+    # Python numbers only as operands: writing one into a device tensor would be a host-to-device copy.
+    return torch.cat([in_gate, candidate, forget_gate + FORGET_GATE_BIAS, out_gate], dim=-1)
+
+
+def lstm_cell(gates: torch.Tensor, cell: torch.Tensor, cell_clip: float, dim: int = -1, in_place: bool = False,
+              new_cell: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """
+    The element-wise part of one step of bilm-tf's LSTM (no peepholes): from the gate pre-activations (forget bias
+    folded in) along `dim` and the cell state, the new cell state, clipped, and the cell's output `sigmoid(output) *
+    tanh(cell)` that the projection reads.
+
+    `in_place` (no autograd, the CPU inference path): the activations overwrite `gates`, the new cell goes into the
+    buffer `new_cell`, and the output into the candidate's rows of `gates`; nothing is allocated.
+    """
+    in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=dim)
+    if in_place:
+        lstm_dim = gates.shape[dim] // 4
+        in_gate.sigmoid_()
+        candidate.tanh_()
+        gates.narrow(dim, 2 * lstm_dim, 2 * lstm_dim).sigmoid_()  # the forget and output gates, in one call
+        torch.mul(forget_gate, cell, out=new_cell).addcmul_(in_gate, candidate)
+        clip(new_cell, cell_clip, in_place=True)
+        return new_cell, torch.tanh(new_cell, out=candidate).mul_(out_gate)  # the candidate is spent
+    new_cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(in_gate) * torch.tanh(candidate)
+    new_cell = clip(new_cell, cell_clip)
+    return new_cell, torch.sigmoid(out_gate) * torch.tanh(new_cell)
+
+
+def reverse_within_lengths(sequences: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Reverse each row's first `length` steps in place of the time axis (dim 1); padding stays put."""
+    steps = torch.arange(sequences.shape[1], device=sequences.device)
+    index = torch.where(steps < lengths[:, None], lengths[:, None] - 1 - steps, steps)
+    index = index.view(*index.shape, *([1] * (sequences.dim() - 2))).expand_as(sequences)
+    return sequences.gather(1, index)
+
+
+def is_word_position(positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Whether a position of a sentence `lengths` long (`<S>` and `</S>` included) holds a word: word w sits at
+    position w + 1, `</S>` at length - 1."""
+    return (positions >= 1) & (positions <= lengths - 2)
+
+
+def bidirectional_output(forward: torch.Tensor, backward: torch.Tensor, lengths: torch.Tensor, words_only: bool):
+    """
+    One layer's output `[forward; backward]` per position, `(batch, time, 2 * width)`, from each direction's output
+    in its own reading order `(batch, time, width)` (zero past each row's length). `words_only` leaves out the
+    `<S>` and `</S>` positions: `(batch, time - 2, ·)`, word i at i, zero after the row's last word.
+    """
+    output = torch.cat([forward, reverse_within_lengths(backward, lengths)], dim=-1)
+    if words_only:
+        positions = torch.arange(1, output.shape[1] - 1, device=output.device)
+        output = output[:, 1:-1] * is_word_position(positions, lengths[:, None])[..., None]
+    return output
+
+
+def stack_layers(run_layer, layer_input, num_layers: int, skip_connections: bool, input_masks=None,
+                 keep=lambda index: True, in_place: bool = False):
+    """
+    bilm-tf's stack of LSTM layers: `run_layer(index, input) -> (output, cell, hidden)` runs layer `index`; each
+    layer reads the previous one's output. `input_masks[index]` (dropout, pretraining only) multiplies a layer's
+    input; from the second layer on, with `skip_connections`, the layer's input (after its dropout, as bilm-tf's
+    `DropoutWrapper` wraps its `ResidualWrapper`) is added to its output. Returns each layer's output (None for
+    those `keep` rejects, freed once the next layer has read them) and the final cells and hiddens stacked over
+    layers. `in_place` adds the skip connection into the layer's output.
+    """
+    outputs, cells, hiddens = [], [], []
+    for index in range(num_layers):
+        if input_masks is not None:
+            layer_input = layer_input * input_masks[index]
+        output, cell, hidden = run_layer(index, layer_input)
+        if index > 0 and skip_connections:
+            output = output.add_(layer_input) if in_place else output + layer_input
+        outputs.append(output if keep(index) else None)
+        cells.append(cell)
+        hiddens.append(hidden)
+        layer_input = output
+    return outputs, torch.stack(cells), torch.stack(hiddens)
+
+
+def matmul_dtype(reference: torch.Tensor) -> torch.dtype:
+    """The dtype matmuls run in: autocast's where it is on, else the tensor's own."""
+    device_type = reference.device.type
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return reference.dtype
+
 
 
 @dataclass
@@ -350,7 +457,36 @@ class ElmoBiLstm(nn.Module):
 register("reference", ElmoImplementation(bilstm=bilstm_reference, token_vectors=char_encoder_reference))
 
 
-class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
+if TYPE_CHECKING:
+    # Named, never imported at run time: the relative import makes Transformers copy it into every saved folder.
+    from .pipeline_elmo import ElmoTokenClassificationPipeline  # noqa: F401
+
+# The pipelines a saved folder names (`config.custom_pipelines`) for a task, so that `pipeline(task, FOLDER,
+# trust_remote_code=True)` builds ELMo's own: the stock ones cannot read per-word char ids.
+ELMO_CUSTOM_PIPELINES = {
+    "token-classification": {
+        "impl": "pipeline_elmo.ElmoTokenClassificationPipeline",
+        "pt": ["AutoModelForTokenClassification"],
+        "tf": [],
+        "type": "text",
+    }
+}
+
+
+def add_custom_pipelines(config, task: str) -> None:
+    """
+    Name ELMo's pipeline for `task` in `config.custom_pipelines`, under the task's name and each of Transformers'
+    aliases for it ("ner"): pipeline() looks the name it is given up there before it resolves an alias. One cost:
+    pipeline(FOLDER, trust_remote_code=True) without a task can no longer guess it, and says so, naming both.
+    """
+    from transformers.pipelines import TASK_ALIASES
+
+    names = [task] + sorted(alias for alias, target in TASK_ALIASES.items() if target == task)
+    custom = getattr(config, "custom_pipelines", None) or {}
+    config.custom_pipelines = {**custom, **{name: ELMO_CUSTOM_PIPELINES[task] for name in names}}
+
+
+class ElmoPreTrainedModel(PreTrainedModel):
     config_class = ElmoConfig
     config: ElmoConfig
     base_model_prefix = "elmo"
@@ -360,20 +496,25 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
     _no_split_modules = ["ElmoCharacterEncoder", "ElmoBiLstm"]
     # A pretraining checkpoint holds the LM softmax; every other class rightly leaves it unread.
     _keys_to_ignore_on_load_unexpected = [r"^softmax\."]
+    # The task (a key of `ELMO_CUSTOM_PIPELINES`) whose ELMo pipeline this class's saved folders name.
+    elmo_pipeline_task: str | None = None
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """
-        `PreTrainedModel.from_pretrained`, refusing weights the model must not run with: a NaN or infinite value, or
-        a biLM weight the checkpoint lacks (Transformers would initialise it at random and only warn). The error
-        names the tensor; see `weight_checks.py`.
+        `PreTrainedModel.from_pretrained`. With hf_elmo installed it refuses weights the model must not run with
+        (`weight_checks.py`): a NaN or infinite value, or a biLM weight the checkpoint lacks (Transformers would
+        initialise it at random and only warn); the error names the tensor.
         """
         int8_weights = kwargs.pop("int8_weights", False)
         if int8_weights and kwargs.get("dtype", kwargs.get("torch_dtype")) is None:
             # int8 weights are made from fp32 ones: a folder saved in bf16 is read into fp32 first (it was refused
             # with a message about a torch_dtype nobody passed).
             kwargs["dtype"] = torch.float32
-        loaded = from_pretrained_checked(super().from_pretrained, *args, **kwargs)
+        load = super().from_pretrained
+        loaded = load(*args, **kwargs) if weight_checks is None else weight_checks.from_pretrained_checked(
+            load, *args, **kwargs
+        )
         if int8_weights:
             (loaded[0] if isinstance(loaded, tuple) else loaded).quantize_int8()
         return loaded
@@ -411,13 +552,31 @@ class ElmoPreTrainedModel(ElmoHubMixin, PreTrainedModel):
     def has_int8_weights(self) -> bool:
         return int8_weights is not None and int8_weights.holds_int8_weights(self)
 
-    def save_pretrained(self, *args, **kwargs):
-        """`PreTrainedModel.save_pretrained`. A model with int8 weights is saved as the fp32 values they stand for
-        (`Int8Linear`'s state dict): `from_pretrained(..., int8_weights=True)` gives back the same int8 model."""
+    def save_pretrained(self, save_directory, *args, is_main_process: bool = True, **kwargs):
+        """
+        `PreTrainedModel.save_pretrained`, so that every saved folder works without hf_elmo (trust_remote_code=True):
+        a folder without a tokenizer also gets this model's default `ElmoTokenizer` (it needs nothing but the config),
+        and a class with an `elmo_pipeline_task` names ELMo's pipeline in the config. A model with int8 weights is
+        saved as the fp32 values they stand for: `from_pretrained(..., int8_weights=True)` gives it back.
+        """
+        folder = os.fspath(save_directory)
+        if self.elmo_pipeline_task is not None:
+            add_custom_pipelines(self.config, self.elmo_pipeline_task)
         if self.has_int8_weights:
             logger.info("Saving the int8 weights as the fp32 values they stand for (not the fp32 weights they were "
                         "made from): load the folder with int8_weights=True to get this same model back")
-        return super().save_pretrained(*args, **kwargs)
+        if is_main_process and not os.path.isfile(folder) and not os.path.isfile(
+            os.path.join(folder, "tokenizer_config.json")
+        ):
+            # Written first, so that push_to_hub uploads it too. This relative import also makes Transformers copy
+            # tokenization_elmo.py with the model.
+            from .tokenization_elmo import ElmoTokenizer
+
+            os.makedirs(folder, exist_ok=True)
+            # Without hf_elmo (remote code), the class is only registered if AutoTokenizer loaded it.
+            ElmoTokenizer.register_for_auto_class("AutoTokenizer")
+            ElmoTokenizer(max_characters_per_token=self.config.max_characters_per_token).save_pretrained(folder)
+        return super().save_pretrained(save_directory, *args, is_main_process=is_main_process, **kwargs)
 
     def post_init(self):
         super().post_init()
@@ -942,7 +1101,7 @@ class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
     pipeline take, is the Viterbi labelling; `decode` returns it directly.
     """
 
-    # Saved folders name ELMo's own pipeline for this task (`elmo_hub.py`): the stock one cannot read char ids.
+    # Saved folders name ELMo's own pipeline for this task (`ELMO_CUSTOM_PIPELINES`).
     elmo_pipeline_task = "token-classification"
 
     def __init__(self, config: ElmoConfig):

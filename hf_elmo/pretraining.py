@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from .elmo_implementations import implementation_name
+from .configuration_elmo import implementation_name
 from .pretraining_checkpoints import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
@@ -169,7 +169,8 @@ def _remove_if_nothing_to_resume(output_dir: str, created: bool) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 def load_config(source: str):
     from . import bilm_tf
-    from .configuration_elmo import ELMO_PRESETS, ElmoConfig
+    from .configuration_elmo import ElmoConfig
+    from .elmo_presets import ELMO_PRESETS
 
     if source in ELMO_PRESETS:
         return ElmoConfig.from_preset(source)
@@ -184,9 +185,9 @@ def load_config(source: str):
 
 def resolve_vocab(args, accelerator, split_words, shards) -> str:
     """The vocabulary file of this run, always kept as OUTPUT_DIR/vocab.txt so that `--resume` finds it."""
-    from .pretraining_data import count_words
     from .safe_output import atomic_output_file
-    from .vocabulary import build_vocab, write_vocab
+    from .pretraining_data import build_vocab, count_words
+    from .tokenization_elmo import write_vocab
 
     kept = os.path.join(args.output_dir, "vocab.txt")
     if args.resume and os.path.isfile(kept) and latest_checkpoint(args.output_dir):

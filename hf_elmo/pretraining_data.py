@@ -26,11 +26,10 @@ import numpy as np
 import torch
 
 from .configuration_elmo import char_id_rows
-from .vocabulary import SPECIAL_WORDS, UNKNOWN_WORD
+from .tokenization_elmo import SPECIAL_WORDS, UNKNOWN_WORD
 
 
 logger = logging.getLogger(__name__)
-
 
 
 class CorpusError(ValueError):
@@ -169,8 +168,24 @@ def as_shards(shards) -> "TextFiles":
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Word vocabulary: counting the corpus here; building, reading and writing the file in vocabulary.py
+# Word vocabulary: counting the corpus and building the list (the file's format: tokenization_elmo.py)
 # ---------------------------------------------------------------------------------------------------------------
+def build_vocab(counts: collections.Counter, min_count: int = 1, max_size: int | None = None) -> list[str]:
+    """
+    `<S>`, `</S>`, `<UNK>`, then every word seen at least `min_count` times, most frequent first (ties in string
+    order, so the result does not depend on the order of the corpus). `max_size` caps the total, specials included.
+    Frequency order is what the log-uniform sampled softmax assumes.
+    """
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1, got {min_count}.")
+    if max_size is not None and max_size <= len(SPECIAL_WORDS):
+        raise ValueError(f"max_size must be larger than {len(SPECIAL_WORDS)} (the special words), got {max_size}.")
+    words = sorted((w for w, c in counts.items() if c >= min_count and w not in SPECIAL_WORDS),
+                   key=lambda w: (-counts[w], w))
+    vocab = [*SPECIAL_WORDS, *words]
+    return vocab if max_size is None else vocab[:max_size]
+
+
 def count_words(shards: "TextFiles | list[str]", split_words: Callable[[str], list[str]],
                 max_sentences: int | None = None) -> tuple[collections.Counter, int]:
     """The words of the corpus (its shards in their own order: text files sorted, a dataset's shards by number)

@@ -11,6 +11,7 @@ returned `BatchEncoding` per-sentence alignment objects so that `word_ids()`, `w
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -33,12 +34,58 @@ from .configuration_elmo import (
     END_WORD_CHAR,
     PAD_CHAR,
     char_ids_to_word,
+    package_module,
     word_to_char_ids,
 )
-from .vocabulary import UNKNOWN_WORD, VOCAB_FILE_NAME, missing_special_words, read_vocab, write_vocab
 
 
 logger = logging.get_logger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# The word vocabulary file (bilm-tf's format), read and written here for the tokenizer, the converter and
+# pretraining alike. One word per line, the line number being the word's id: `<S>`, `</S>` and `<UNK>` first, then
+# the words most frequent first (the order the log-uniform sampled softmax assumes). Reading strips each line (a
+# blank line stays, as an empty entry, so that ids keep their line numbers, as bilm-tf reads it), skips the
+# `!!!MAXTERMID` bookkeeping line of some bilm-tf / lm_1b files, and ignores a byte-order mark.
+# ---------------------------------------------------------------------------------------------
+VOCAB_FILE_NAME = "vocab.txt"
+UNKNOWN_WORD = "<UNK>"
+SPECIAL_WORDS = (BEGIN_SENTENCE_WORD, END_SENTENCE_WORD, UNKNOWN_WORD)
+MAX_TERM_ID_LINE = "!!!MAXTERMID"
+# Writes a file whole or not at all, where hf_elmo is installed; a saved folder's copy writes as Transformers does.
+atomic_file = package_module("atomic_file")
+
+
+def read_vocab(path) -> list[str]:
+    """
+    The entries of a vocabulary file, index = word id. Errors are the ones of reading a file (`FileNotFoundError`,
+    `IsADirectoryError`, `UnicodeDecodeError`); the special words are not checked (see `missing_special_words`).
+    """
+    with open(os.fspath(path), encoding="utf-8-sig") as handle:
+        return [word for word in (line.strip() for line in handle) if word != MAX_TERM_ID_LINE]
+
+
+def missing_special_words(words) -> list[str]:
+    """Which of `<S>`, `</S>`, `<UNK>` the vocabulary `words` lacks, in that order."""
+    present = set(words)
+    return [word for word in SPECIAL_WORDS if word not in present]
+
+
+def write_vocab(words: list[str], path, validate: bool = True) -> str:
+    """
+    Write a vocabulary file. With `validate` (new vocabularies) every entry must be a non-empty word without
+    whitespace; without it (writing back a vocabulary that was read, blank entries included) the entries are
+    written as they are, one per line.
+    """
+    bad = [w for w in words if not w or any(c.isspace() for c in w)] if validate else []
+    if bad:
+        raise ValueError(f"vocabulary words must be non-empty and hold no whitespace, got {bad[:5]!r}.")
+    path = os.fspath(path)
+    with atomic_file.atomic_write(path) if atomic_file else contextlib.nullcontext(path) as target:
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write("".join(word + "\n" for word in words))
+    return path
+
 
 VOCAB_FILES_NAMES = {"vocab_file": VOCAB_FILE_NAME}
 
@@ -217,7 +264,7 @@ def _load_word_vocab(path) -> list[str]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"ElmoTokenizer: the vocabulary file {path!r} does not exist (or is not a file).")
     try:
-        words = read_vocab(path)  # the rules of vocabulary.py: stripped lines, BOM-safe, no !!!MAXTERMID
+        words = read_vocab(path)
     except UnicodeDecodeError as err:
         raise ValueError(f"ElmoTokenizer: the vocabulary file {path!r} is not UTF-8 text ({err}).") from err
     missing = missing_special_words(words)

@@ -5,8 +5,8 @@ that asks for more layers than were saved) and only mentions it in its load repo
 silently. Either way the model then computes something other than what was trained, with no error. These
 functions turn both into one clear error naming the tensor.
 
-Plain functions over a model, a state dict and Transformers' loading info, with only torch imported, so that this
-file can travel with `modeling_elmo.py` into a saved folder (trust_remote_code) and be imported from it.
+Used by `ElmoPreTrainedModel.from_pretrained` where hf_elmo is installed (a saved folder's copy of the model
+loads without them), and by the commands that read weights.
 """
 
 import torch

@@ -26,9 +26,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What `publish` uploads for a converted folder: re-saved model and tokenizer, the code for trust_remote_code,
 # the converter's record of its sources, and the generated card.
 PUBLISHED_FILES = sorted([
-    "README.md", "bilm_tf_source.json", "config.json", "configuration_elmo.py", "elmo_hub.py", "elmo_presets.py",
-    "model.safetensors", "modeling_elmo.py", "pipeline_elmo.py", "atomic_file.py", "tokenization_elmo.py",
-    "tokenizer_config.json", "vocab.txt", "vocabulary.py", "weight_checks.py", "elmo_implementations.py", "elmo_ops.py",
+    "README.md", "bilm_tf_source.json", "config.json", "configuration_elmo.py", "model.safetensors",
+    "modeling_elmo.py", "pipeline_elmo.py", "tokenization_elmo.py", "tokenizer_config.json", "vocab.txt",
 ])
 
 

@@ -11,10 +11,14 @@ import pytest
 
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hf_elmo"
-# What the model is built from. None of these may import the model, or anything that does.
-LOW_LEVEL = {"elmo_implementations", "elmo_ops", "elmo_cpu", "elmo_cuda", "cpu_tuning", "token_cache", "int8_weights",
-             "sampled_softmax"}
+# What the model uses from the package (its `package_module` imports). None of these may import the model, or anything
+# that does.
+LOW_LEVEL = {"cpu_tuning", "token_cache", "int8_weights", "sampled_softmax", "log_uniform_sampler", "weight_checks",
+             "atomic_file", "elmo_presets"}
 MODEL = "modeling_elmo"
+# The tuned implementations are built on the model's maths, so they import it; the registry in the config loads them
+# by name when one is first chosen (`elmo_implementation_for`), and the model never imports them.
+IMPLEMENTATIONS = {"cpu": "elmo_cpu", "cuda": "elmo_cuda"}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -80,9 +84,11 @@ def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_is_read_from_real_imports():
     graph = import_graph()
-    # Arrows this test must see, of each kind: module-level relative, and the model's use of the low level.
-    assert {"elmo_ops", "elmo_implementations", "elmo_cpu", "elmo_cuda", "token_cache"} <= graph[MODEL]
+    # Arrows this test must see, of each kind: module-level relative, lazy, and the model's use of the low level.
+    assert {"configuration_elmo", "token_cache", "int8_weights", "weight_checks"} <= graph[MODEL]
+    assert "tokenization_elmo" in graph[MODEL]  # inside save_pretrained
     assert "configuration_elmo" in graph["tokenization_elmo"]
+    assert {MODEL, "elmo_ops"} <= graph["elmo_cpu"]
     assert LOW_LEVEL <= set(graph)
 
 
@@ -102,9 +108,22 @@ def test_low_level_modules_never_import_the_model(module):
     assert MODEL not in reachable(graph, module), f"{module} imports {MODEL} (directly or through another module)"
 
 
-def test_the_implementations_import_only_the_shared_maths_not_each_other():
+def test_the_implementations_import_the_model_not_each_other_and_the_model_not_them():
     graph = import_graph()
     assert "elmo_cuda" not in reachable(graph, "elmo_cpu")
     assert "elmo_cpu" not in reachable(graph, "elmo_cuda")
-    assert graph["elmo_ops"] == set()  # the shared maths depends on nothing of the package
-    assert graph["elmo_implementations"] == set()  # nor does the registry
+    assert graph["elmo_ops"] == {MODEL}  # the recurrence is built on the model's LSTM step
+    for module in (*IMPLEMENTATIONS.values(), "elmo_ops"):
+        assert module not in reachable(graph, MODEL)
+
+
+def test_the_registry_loads_each_built_in_implementation_from_its_module():
+    from hf_elmo import configuration_elmo
+
+    source = (PACKAGE / "configuration_elmo.py").read_text(encoding="utf-8")
+    assert 'package_module(f"elmo_{name}")' in source  # the one import the graph above cannot read
+    for name, module in IMPLEMENTATIONS.items():
+        assert (PACKAGE / f"{module}.py").exists()
+        assert f'register("{name}"' in (PACKAGE / f"{module}.py").read_text(encoding="utf-8")
+    assert set(IMPLEMENTATIONS) | {"reference"} == set(configuration_elmo.BUILT_IN_NAMES)
+

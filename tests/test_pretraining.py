@@ -38,7 +38,8 @@ from hf_elmo.pretraining_data import (
     resolve_shards,
 )
 from hf_elmo.testing_utils import free_port, launch_failure_report
-from hf_elmo.vocabulary import build_vocab, write_vocab
+from hf_elmo.pretraining_data import build_vocab
+from hf_elmo.tokenization_elmo import write_vocab
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

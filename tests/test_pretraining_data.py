@@ -19,7 +19,7 @@ from hf_elmo.pretraining_data import (
     resolve_shards,
 )
 from hf_elmo.testing_utils import english_text_sample
-from hf_elmo.vocabulary import write_vocab
+from hf_elmo.tokenization_elmo import write_vocab
 
 
 pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # conftest.py

@@ -21,12 +21,10 @@ from remote_code import run_without_hf_elmo
 
 
 SENTENCES = ["The bank raised its rates on Monday .", "We sat on the river bank , didn't we ?"]
-# What loading and the reference computation need, and nothing else: the fast paths, int8, the token cache and the
-# sampled softmax come with `pip install hf-elmo` (they were shipped too: 18 files).
-CODE_FILES = {
-    "configuration_elmo.py", "modeling_elmo.py", "tokenization_elmo.py", "pipeline_elmo.py", "weight_checks.py",
-    "vocabulary.py", "atomic_file.py", "elmo_hub.py", "elmo_presets.py", "elmo_implementations.py", "elmo_ops.py",
-}
+# What loading and the reference computation need, and nothing else: config, model, tokenizer, pipeline. The fast
+# paths, int8, the token cache, the sampled softmax and the weight checks come with `pip install hf-elmo` (they were
+# shipped too: 18 files, then 11).
+CODE_FILES = {"configuration_elmo.py", "modeling_elmo.py", "tokenization_elmo.py", "pipeline_elmo.py"}
 # (Auto class, model class) for every model class an ELMo folder can be loaded as.
 AUTO_MODELS = [
     (auto, getattr(modeling_elmo, reference.split(".")[-1]))

@@ -431,7 +431,7 @@ def test_vocab_lacking_boundary_words_says_which(tmp_path):
 
 def test_one_set_of_vocabulary_rules_for_tokenizer_and_converter(tmp_path):
     from hf_elmo import bilm_tf
-    from hf_elmo.vocabulary import read_vocab
+    from hf_elmo.tokenization_elmo import read_vocab
 
     path = tmp_path / "vocab.txt"
     path.write_bytes("\ufeff!!!MAXTERMID\n<S>\n </S> \n<UNK>\r\nthe\n".encode("utf-8"))
