@@ -151,13 +151,21 @@ def implementation_name(configured: str | None, device: torch.device) -> str:
     return "cpu" if device.type == "cpu" else "reference"
 
 
+def import_built_in_implementations() -> None:
+    """Import "cpu" and "cuda" where the package has them (each registers itself). Called when a model is built, so
+    that nothing is imported inside `torch.compile`; the model itself never imports them (they import its maths)."""
+    for name in ("cpu", "cuda"):
+        if name not in ELMO_IMPLEMENTATIONS:
+            package_module(f"elmo_{name}")
+
+
 def elmo_implementation_for(config, device: torch.device) -> ElmoImplementation:
     """The implementation that computes a model with `config` (its `elmo_implementation`) on `device`. Where the
     rule's choice is not there (a saved folder's copy of the code has "reference" only), "reference" unless the
     config names it."""
     name = implementation_name(config.elmo_implementation, device)
-    if name not in ELMO_IMPLEMENTATIONS and name in ("cpu", "cuda"):
-        package_module(f"elmo_{name}")  # registers itself, where the package has it
+    if name not in ELMO_IMPLEMENTATIONS and not torch.compiler.is_compiling():
+        import_built_in_implementations()  # for modules used without a model (an `ElmoBiLstm` of its own)
     if name in ELMO_IMPLEMENTATIONS:
         return ELMO_IMPLEMENTATIONS[name]
     if config.elmo_implementation is None:

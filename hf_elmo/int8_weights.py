@@ -45,6 +45,7 @@ import time
 import torch
 from torch import nn
 
+from .configuration_elmo import ELMO_IMPLEMENTATIONS
 from .cpu_tuning import few_column_matmul, product_columns, tuning_is_fixed
 
 
@@ -356,3 +357,58 @@ def holds_int8_weights(module: nn.Module) -> bool:
     """Whether `module` or any of its submodules is an `Int8Linear`."""
     return any(isinstance(child, Int8Linear) for child in module.modules())
 
+
+def check_int8_run(module: nn.Module, implementation, dropout: bool = False) -> None:
+    """
+    int8 weights (`ElmoPreTrainedModel.quantize_int8`) are for CPU inference: they run on the "cpu" implementation,
+    with no weight of `module` trainable and no LSTM dropout. Anything else fails here with one line, before any work.
+    """
+    if not holds_int8_weights(module):
+        return
+    # The parameters (char embeddings, convolutions, biases) stay fp32 beside the int8 maps; the maps' own buffers
+    # may hold bf16 copies by design (the bf16-dot kernel).
+    moved = next((p.dtype for p in module.parameters() if p.dtype != torch.float32), None)
+    if moved is not None:
+        raise ValueError(
+            f"This model holds int8 weights, whose other weights and activations are fp32: it was moved to {moved}. "
+            "Keep it in fp32 (int8 already takes the place of bf16), or load the model without int8_weights to run "
+            "it in bf16."
+        )
+    if implementation is not ELMO_IMPLEMENTATIONS.get("cpu"):
+        name = next(name for name, value in ELMO_IMPLEMENTATIONS.items() if value is implementation)
+        raise ValueError(
+            f"This model holds int8 weights, which run on the 'cpu' implementation only (inputs on the CPU, "
+            f"elmo_implementation None or 'cpu'), not on {name!r}. Load the model without int8_weights for that."
+        )
+    if dropout or (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())):
+        raise ValueError(
+            "This model holds int8 weights, which cannot be trained: keep its biLM frozen and without LSTM dropout, "
+            "or load the model without int8_weights to train it."
+        )
+
+
+def quantize_model(model: nn.Module, linear_type: type) -> nn.Module:
+    """
+    `ElmoPreTrainedModel.quantize_int8`: the biLM's `linear_type` maps (the char CNN's highways and projection, each
+    LSTM's input, recurrent and projection maps) become `Int8Linear`s, in place. About 1.5x fp32 for "original"
+    where the CPU has bf16 dot products (`HF_ELMO_INT8_KERNEL` picks the kernel). The model is put in eval mode and
+    its biLM frozen; the biLM then runs only on the "cpu" implementation and cannot be trained. Saved, it holds the
+    fp32 values the int8 ones stand for (`Int8Linear`'s state dict).
+    """
+    check_int8_cpu()
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise ValueError("quantize_int8() works on a model on the CPU (int8 weights are for CPU inference).")
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        raise ValueError("quantize_int8() works on an fp32 model: load it without torch_dtype.")
+    quantize_linear_maps(model, linear_type)
+    # Loaded weights may be views of the memory-mapped checkpoint, which stays mapped (and resident, once read
+    # to be quantized) while any of them lives: the weights left in fp32 get memory of their own.
+    for parameter in model.parameters():
+        parameter.data = parameter.data.clone()
+    # The biLM's other weights (char embeddings, convolutions) are frozen with it; a task head's own layers stay
+    # trainable (a head may learn over a frozen int8 biLM).
+    if hasattr(model, "freeze_base_model"):
+        model.freeze_base_model(True)
+    else:
+        model.requires_grad_(False)
+    return model.eval()

@@ -35,6 +35,7 @@ from .configuration_elmo import (
     ElmoConfig,
     ElmoImplementation,
     elmo_implementation_for,
+    import_built_in_implementations,
     package_module,
     register,
     require_hf_elmo,
@@ -46,7 +47,6 @@ from .configuration_elmo import (
 # copy) the model computes with the "reference" implementation, and asking for the others is one line
 # (`require_hf_elmo`).
 int8_weights = package_module("int8_weights")
-log_uniform_sampler = package_module("log_uniform_sampler")
 sampled_softmax = package_module("sampled_softmax")
 token_cache_module = package_module("token_cache")
 weight_checks = package_module("weight_checks")
@@ -241,32 +241,9 @@ def check_input(condition: torch.Tensor, message: str, details: Callable[[], str
 
 
 def check_int8_run(module: nn.Module, implementation: ElmoImplementation, dropout: bool = False):
-    """
-    int8 weights (`ElmoPreTrainedModel.quantize_int8`) are for CPU inference: they run on the "cpu" implementation,
-    with no weight of `module` trainable and no LSTM dropout. Anything else fails here with one line, before any work.
-    """
-    if int8_weights is None or not int8_weights.holds_int8_weights(module):
-        return
-    # The parameters (char embeddings, convolutions, biases) stay fp32 beside the int8 maps; the maps' own buffers
-    # may hold bf16 copies by design (the bf16-dot kernel).
-    moved = next((p.dtype for p in module.parameters() if p.dtype != torch.float32), None)
-    if moved is not None:
-        raise ValueError(
-            f"This model holds int8 weights, whose other weights and activations are fp32: it was moved to {moved}. "
-            "Keep it in fp32 (int8 already takes the place of bf16), or load the model without int8_weights to run "
-            "it in bf16."
-        )
-    if implementation is not ELMO_IMPLEMENTATIONS.get("cpu"):
-        name = next(name for name, value in ELMO_IMPLEMENTATIONS.items() if value is implementation)
-        raise ValueError(
-            f"This model holds int8 weights, which run on the 'cpu' implementation only (inputs on the CPU, "
-            f"elmo_implementation None or 'cpu'), not on {name!r}. Load the model without int8_weights for that."
-        )
-    if dropout or (torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())):
-        raise ValueError(
-            "This model holds int8 weights, which cannot be trained: keep its biLM frozen and without LSTM dropout, "
-            "or load the model without int8_weights to train it."
-        )
+    """int8 weights run for CPU inference only (`int8_weights.check_int8_run`): anything else is one line."""
+    if int8_weights is not None:
+        int8_weights.check_int8_run(module, implementation, dropout)
 
 
 def char_encoder_reference(encoder: "ElmoCharacterEncoder", char_ids: torch.Tensor) -> torch.Tensor:
@@ -521,32 +498,13 @@ class ElmoPreTrainedModel(PreTrainedModel):
 
     def quantize_int8(self) -> "ElmoPreTrainedModel":
         """
-        Store the biLM's linear maps (the char CNN's highways and projection, each LSTM's input, recurrent and
-        projection maps) as int8 with one scale per output channel, in place, for CPU inference: a quarter of their
-        memory, and faster for large models: about 1.5x fp32 for "original" where the CPU has bf16 dot products
-        (`int8_weights.py`, README "int8 weights"; `HF_ELMO_INT8_KERNEL` picks the kernel). The model is put in eval
-        mode and its biLM frozen; the biLM then runs only on the "cpu" implementation and cannot be trained. Saved, it
-        holds the fp32 values the int8 ones stand for (`save_pretrained`). Also `from_pretrained(...,
-        int8_weights=True)`.
+        Store the biLM's linear maps as int8 with one scale per output channel, in place, for CPU inference
+        (`int8_weights.quantize_model`; README "int8 weights"): a quarter of their memory, and faster for large
+        models. The model is put in eval mode and its biLM frozen; it then runs only on the "cpu" implementation.
+        Saved, it holds the fp32 values the int8 ones stand for. Also `from_pretrained(..., int8_weights=True)`.
         """
         require_hf_elmo("int8 weights", int8_weights)
-        int8_weights.check_int8_cpu()
-        if any(p.device.type != "cpu" for p in self.parameters()):
-            raise ValueError("quantize_int8() works on a model on the CPU (int8 weights are for CPU inference).")
-        if any(p.dtype != torch.float32 for p in self.parameters()):
-            raise ValueError("quantize_int8() works on an fp32 model: load it without torch_dtype.")
-        int8_weights.quantize_linear_maps(self, ElmoLinear)
-        # Loaded weights may be views of the memory-mapped checkpoint, which stays mapped (and resident, once read
-        # to be quantized) while any of them lives: the weights left in fp32 get memory of their own.
-        for parameter in self.parameters():
-            parameter.data = parameter.data.clone()
-        # The biLM's other weights (char embeddings, convolutions) are frozen with it; a task head's own layers stay
-        # trainable (a head may learn over a frozen int8 biLM).
-        if hasattr(self, "freeze_base_model"):
-            self.freeze_base_model(True)
-        else:
-            self.requires_grad_(False)
-        return self.eval()
+        return int8_weights.quantize_model(self, ElmoLinear)
 
     @property
     def has_int8_weights(self) -> bool:
@@ -580,6 +538,7 @@ class ElmoPreTrainedModel(PreTrainedModel):
 
     def post_init(self):
         super().post_init()
+        import_built_in_implementations()
         # DDP broadcasts every buffer at every training forward (a collective each time); the <S>/</S> char rows
         # follow from the config and are the same everywhere, so it leaves them out.
         self._ddp_params_and_buffers_to_ignore = [
@@ -1323,22 +1282,6 @@ class ElmoForSequenceClassification(ElmoTaskPreTrainedModel):
 # ---------------------------------------------------------------------------------------------
 # Pretraining: ElmoForPreTraining, the forward and backward language models of bilm-tf over a word vocabulary.
 # ---------------------------------------------------------------------------------------------
-class _RowsWithSparseGradient(torch.autograd.Function):
-    """`table[ids]` whose gradient is a sparse tensor holding only the rows `ids` names (duplicates summed when it
-    is coalesced). `nn.functional.embedding(..., sparse=True)` does this for 2-D tables only; the bias is 1-D."""
-
-    @staticmethod
-    def forward(ctx, table, ids):
-        ctx.save_for_backward(ids)
-        ctx.table_shape = table.shape
-        return table[ids]
-
-    @staticmethod
-    def backward(ctx, grad):
-        (ids,) = ctx.saved_tensors
-        return torch.sparse_coo_tensor(ids[None], grad, ctx.table_shape, check_invariants=False), None
-
-
 class ElmoSoftmax(nn.Embedding):
     """
     The LM's output layer, one for both directions: a weight row and a bias per vocabulary word (bilm-tf's
@@ -1362,7 +1305,8 @@ class ElmoSoftmax(nn.Embedding):
     def rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The weight rows `(len(ids), hidden_size)` and biases `(len(ids),)` of words `ids`."""
         if self.sparse:
-            return _RowsWithSparseGradient.apply(self.weight, ids), _RowsWithSparseGradient.apply(self.bias, ids)
+            require_hf_elmo("sparse softmax gradients", sampled_softmax)
+            return sampled_softmax.rows_with_sparse_gradient(self.weight, self.bias, ids)
         return self.weight[ids], self.bias[ids]
 
 
@@ -1488,34 +1432,10 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         return torch.cat(losses) if losses else hidden.new_zeros(0, dtype=torch.float32)
 
     def _sampled_softmax_losses(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Per-position losses of the sampled softmax (0 where the target is -100)."""
+        """Per-position losses of the sampled softmax (0 where the target is -100): `sampled_softmax.py`."""
         require_hf_elmo("the sampled softmax", sampled_softmax)
-        vocab_size, num_samples = self.config.vocab_size, self.config.num_softmax_samples
-        sampler = log_uniform_sampler
-        candidates, num_tries = sampler.sample_log_uniform_candidates(num_samples, vocab_size, device=targets.device)
-        keep = targets != -100
-        targets = targets.clamp(min=0)  # ignored positions compute something finite, then count for nothing
-        log_q_sampled = sampler.log_uniform_expected_count(candidates, vocab_size, num_samples, num_tries).log()
-        log_q_true = sampler.log_uniform_expected_count(targets, vocab_size, num_samples, num_tries).log()
-        # One gather for the targets and the negatives: with sparse gradients, one sparse tensor per parameter.
-        weight, bias = self.softmax.rows(torch.cat([targets, candidates]))
-        true_weight, sampled_weight = weight.split([len(targets), num_samples])
-        true_bias, sampled_bias = bias.split([len(targets), num_samples])
-        # The products in the matmul dtype; bias and correction added in fp32 (in bf16 the correction, up to ~13,
-        # would be rounded to 1/16).
-        true_logits = (hidden * true_weight).sum(-1).float() + (true_bias.float() - log_q_true.float())
-        sampled_shift = sampled_bias.float() - log_q_sampled.float()
-        # A negative that happens to be the target would be counted against itself. The candidates are distinct, so
-        # a target is at most one of them: found by binary search in the sorted candidates, and given -inf (0 added
-        # elsewhere: a write of static shape, no host sync).
-        sorted_candidates, order = candidates.sort()
-        slot = torch.searchsorted(sorted_candidates, targets).clamp_(max=num_samples - 1)
-        hit = sorted_candidates[slot] == targets
-        hit_values = torch.where(hit, float("-inf"), 0.0)
-        dtype = matmul_dtype(hidden)  # cast here: the hand-written backward multiplies in the forward's dtype
-        losses = sampled_softmax.SampledSoftmaxLoss.apply(hidden.to(dtype), sampled_weight.to(dtype), sampled_shift,
-                                                          true_logits, order[slot], hit_values)
-        return losses * keep
+        return sampled_softmax.sampled_softmax_losses(self.softmax, hidden, targets, self.config.num_softmax_samples,
+                                                      matmul_dtype(hidden))
 
     @can_return_tuple
     def forward(

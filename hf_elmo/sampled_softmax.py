@@ -1,6 +1,8 @@
-"""The sampled softmax's loss over its (positions x negatives) scores, with a hand-written backward.
+"""bilm-tf's sampled softmax for `ElmoForPreTraining` (`sampled_softmax_losses`), its loss over the (positions x
+negatives) scores with a hand-written backward, and the softmax rows' sparse gradients. Comes with `pip install
+hf-elmo`, not with a saved folder's code.
 
-Those scores are a pretraining step's largest tensor (64 sentences x 8192 negatives: about 100 MB), and every pass
+The scores are a pretraining step's largest tensor (64 sentences x 8192 negatives: about 100 MB), and every pass
 over it costs: written with autograd (bias add, `logsumexp`, their backwards) the step made five more tensors of
 its size and passed over them nine times. Here it is allocated once, by the matmul, and turned in place into
 unnormalised probabilities (four passes) and then into its own gradient (two), besides the three matmuls. The
@@ -8,6 +10,8 @@ maths is the plain formula's, `-log_softmax([true, sampled])[0]`, as the tests c
 """
 
 import torch
+
+from . import log_uniform_sampler
 
 
 class SampledSoftmaxLoss(torch.autograd.Function):
@@ -46,3 +50,58 @@ class SampledSoftmaxLoss(torch.autograd.Function):
         grad_weight = grad_scores.t() @ hidden
         grad_true_logits = true_probability * scale - grad_loss
         return grad_hidden, grad_weight, grad_shift, grad_true_logits, None, None
+
+
+class _RowsWithSparseGradient(torch.autograd.Function):
+    """`table[ids]` whose gradient is a sparse tensor holding only the rows `ids` names (duplicates summed when it
+    is coalesced). `nn.functional.embedding(..., sparse=True)` does this for 2-D tables only; the bias is 1-D."""
+
+    @staticmethod
+    def forward(ctx, table, ids):
+        ctx.save_for_backward(ids)
+        ctx.table_shape = table.shape
+        return table[ids]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ids,) = ctx.saved_tensors
+        return torch.sparse_coo_tensor(ids[None], grad, ctx.table_shape, check_invariants=False), None
+
+
+def rows_with_sparse_gradient(weight: torch.Tensor, bias: torch.Tensor, ids: torch.Tensor):
+    """`ElmoSoftmax.rows` with sparse gradients: a step's gradient, norm and Adagrad update touch only these rows."""
+    return _RowsWithSparseGradient.apply(weight, ids), _RowsWithSparseGradient.apply(bias, ids)
+
+
+def sampled_softmax_losses(softmax, hidden: torch.Tensor, targets: torch.Tensor, num_samples: int,
+                           dtype: torch.dtype) -> torch.Tensor:
+    """
+    Per-position losses (0 where the target is -100) of bilm-tf's sampled softmax over `softmax` (an `ElmoSoftmax`):
+    `num_samples` log-uniform negatives shared by every position, the expected-count correction, and accidental
+    hits removed. `dtype` is the matmul dtype (the hand-written backward multiplies in the forward's dtype).
+    """
+    vocab_size = softmax.num_embeddings
+    sampler = log_uniform_sampler
+    candidates, num_tries = sampler.sample_log_uniform_candidates(num_samples, vocab_size, device=targets.device)
+    keep = targets != -100
+    targets = targets.clamp(min=0)  # ignored positions compute something finite, then count for nothing
+    log_q_sampled = sampler.log_uniform_expected_count(candidates, vocab_size, num_samples, num_tries).log()
+    log_q_true = sampler.log_uniform_expected_count(targets, vocab_size, num_samples, num_tries).log()
+    # One gather for the targets and the negatives: with sparse gradients, one sparse tensor per parameter.
+    weight, bias = softmax.rows(torch.cat([targets, candidates]))
+    true_weight, sampled_weight = weight.split([len(targets), num_samples])
+    true_bias, sampled_bias = bias.split([len(targets), num_samples])
+    # The products in the matmul dtype; bias and correction added in fp32 (in bf16 the correction, up to ~13,
+    # would be rounded to 1/16).
+    true_logits = (hidden * true_weight).sum(-1).float() + (true_bias.float() - log_q_true.float())
+    sampled_shift = sampled_bias.float() - log_q_sampled.float()
+    # A negative that happens to be the target would be counted against itself. The candidates are distinct, so
+    # a target is at most one of them: found by binary search in the sorted candidates, and given -inf (0 added
+    # elsewhere: a write of static shape, no host sync).
+    sorted_candidates, order = candidates.sort()
+    slot = torch.searchsorted(sorted_candidates, targets).clamp_(max=num_samples - 1)
+    hit = sorted_candidates[slot] == targets
+    hit_values = torch.where(hit, float("-inf"), 0.0)
+    losses = SampledSoftmaxLoss.apply(hidden.to(dtype), sampled_weight.to(dtype), sampled_shift, true_logits,
+                                      order[slot], hit_values)
+    return losses * keep

@@ -17,7 +17,7 @@ LOW_LEVEL = {"cpu_tuning", "token_cache", "int8_weights", "sampled_softmax", "lo
              "atomic_file", "elmo_presets"}
 MODEL = "modeling_elmo"
 # The tuned implementations are built on the model's maths, so they import it; the registry in the config loads them
-# by name when one is first chosen (`elmo_implementation_for`), and the model never imports them.
+# by name (`import_built_in_implementations`, when a model is built), and the model never imports them.
 IMPLEMENTATIONS = {"cpu": "elmo_cpu", "cuda": "elmo_cuda"}
 
 
