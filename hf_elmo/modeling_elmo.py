@@ -430,7 +430,7 @@ class ElmoBiLstm(nn.Module):
 
 
 # The specification; "cpu" and "cuda" register themselves (`elmo_cpu.py`, `elmo_cuda.py`), and
-# `elmo_implementations.register` adds others.
+# `configuration_elmo.register` adds others.
 register("reference", ElmoImplementation(bilstm=bilstm_reference, token_vectors=char_encoder_reference))
 
 
