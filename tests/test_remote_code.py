@@ -191,8 +191,9 @@ FEATURES_SCRIPT = """
         model(**batch)
 
     report = {}
+    preset = lambda: type(model.config).from_preset("small")  # noqa: E731
     for name, call in (("token_cache", model.char_encoder.enable_token_cache), ("int8", model.quantize_int8),
-                       ("cpu", run_on_cpu)):
+                       ("cpu", run_on_cpu), ("preset", preset)):
         try:
             call()
             report[name] = "ran"
@@ -210,6 +211,7 @@ def test_what_comes_with_the_package_is_one_line_in_a_folders_copy(saved, tmp_pa
                                      "folder's code. `pip install hf-elmo`, then load the model after `import "
                                      "hf_elmo` and without trust_remote_code.")
     assert report["int8"].startswith("ImportError: int8 weights: part of the hf_elmo package, not of a saved")
+    assert report["preset"].startswith("ImportError: ElmoConfig.from_preset: part of the hf_elmo package, not of a")
     assert report["cpu"] == ("ValueError: elmo_implementation 'cpu' is not available here: the 'cpu' and 'cuda' "
                              "implementations come with the hf_elmo package (`pip install hf-elmo`, then `import "
                              "hf_elmo`).")
