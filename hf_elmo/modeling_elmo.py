@@ -956,12 +956,30 @@ class ElmoTaskEncoder(nn.Module):
     def forward(self, layers: tuple[torch.Tensor, ...], mask: torch.Tensor) -> torch.Tensor:
         features = self.dropout(self.mix(layers, mask))
         if self.lstm is not None:
-            lengths = mask.sum(dim=1).clamp(min=1).cpu()
-            packed = nn.utils.rnn.pack_padded_sequence(features, lengths, batch_first=True, enforce_sorted=False)
-            output, _ = self.lstm(packed)
-            output, _ = nn.utils.rnn.pad_packed_sequence(output, batch_first=True, total_length=mask.shape[1])
-            features = self.dropout(output * mask.unsqueeze(-1).to(output.dtype))
+            features = self.dropout(self.bilstm_within_lengths(features, mask) * mask.unsqueeze(-1).to(features.dtype))
         return features
+
+    def bilstm_within_lengths(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """
+        `self.lstm` (its weights) over each sentence's words only: the forward direction reads the padded batch
+        (padding follows a row's words, so it never reaches them) and the backward one reads each row reversed
+        within its length; both give garbage at padded positions, which the caller zeroes. One fused call per
+        direction and layer, instead of a packed sequence: in training on a CPU, torch's packed LSTM zero-fills a
+        (words, 4 * hidden) gradient buffer per time step, more than half of a NER head's step.
+        """
+        lengths = mask.sum(dim=1)
+        layer_input = features
+        for layer in range(self.lstm.num_layers):
+            directions = []
+            for suffix in ("", "_reverse"):
+                weights = [getattr(self.lstm, f"{name}_l{layer}{suffix}")
+                           for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+                reads = layer_input if not suffix else reverse_within_lengths(layer_input, lengths)
+                state = reads.new_zeros(1, reads.shape[0], self.lstm.hidden_size)
+                output = torch.lstm(reads, (state, state), weights, True, 1, 0.0, self.training, False, True)[0]
+                directions.append(output if not suffix else reverse_within_lengths(output, lengths))
+            layer_input = torch.cat(directions, dim=-1)
+        return layer_input
 
 
 class ElmoTaskPreTrainedModel(ElmoPreTrainedModel):
@@ -1057,7 +1075,9 @@ class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
 
     With the CRF, `logits` are its max-marginal scores (per word and label, the best score of a whole labelling that
     gives the word that label), so their argmax, which the Trainer's predictions and the token-classification
-    pipeline take, is the Viterbi labelling; `decode` returns it directly.
+    pipeline take, is the Viterbi labelling; `decode` returns it directly. A training step (training mode, with
+    `labels`) needs only the loss and skips them (two of its three passes over the words): `logits` are then the
+    classifier's per-word scores.
     """
 
     # Saved folders name ELMo's own pipeline for this task (`ELMO_CUSTOM_PIPELINES`).
@@ -1118,7 +1138,8 @@ class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
         layers, mask = self.elmo_layers(input_ids, attention_mask, elmo_hidden_states)
         emissions = self.classifier(self.encoder(layers, mask))
         logits = emissions
-        if self.crf is not None and mask.shape[1]:
+        training_step = self.training and labels is not None
+        if self.crf is not None and mask.shape[1] and not training_step:
             logits = self.crf.max_marginals(emissions.float(), mask).to(emissions.dtype)
 
         loss = None
