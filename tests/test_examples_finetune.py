@@ -344,7 +344,7 @@ def test_default_training_length_stops_on_the_validation_rule(token_example, con
     with caplog.at_level("INFO"):
         metrics = token_example.main([*common, "--validation_file", fixture, "--output_dir", str(tmp_path / "ner")])
     assert ("Training length (the default; --num_train_epochs and --early_stopping_patience set it): up to 30 "
-            "epochs: 2 training examples in batches of 1 (the default takes enough epochs for 2000 optimizer steps, "
+            "epochs: 2 training examples in batches of 1 (the default takes enough epochs for 2500 optimizer steps, "
             "at least 3 and at most 30), scored on the validation data every epoch; training stops when the score "
             "has not improved for 5 evaluations in a row, and the best epoch is kept") in caplog.text
     stopped = re.search(r"Training stopped at step (\d+) of 60: early stopping: f1 did not improve for 5 "
@@ -361,7 +361,7 @@ def test_default_training_length_stops_on_the_validation_rule(token_example, con
     with caplog.at_level("INFO"):
         token_example.main([*common, "--output_dir", str(tmp_path / "no-validation"), "--save_strategy", "no"])
     assert ("Training length (the default; --num_train_epochs and --early_stopping_patience set it): 30 epochs: 2 "
-            "training examples in batches of 1 (the default takes enough epochs for 2000 optimizer steps, at least 3 "
+            "training examples in batches of 1 (the default takes enough epochs for 2500 optimizer steps, at least 3 "
             "and at most 30); every epoch runs and the last one is kept (stopping early needs validation data, "
             "scored when a checkpoint is saved)") in caplog.text
     assert "Training stopped at step 60 of 60: all 30 epochs ran" in caplog.text
@@ -371,7 +371,7 @@ def test_the_default_epochs_follow_the_measured_rule():
     from hf_elmo.finetuning import default_head_epochs
 
     # CoNLL-2003 at batch 32: the README's subsets and the full training set.
-    assert [default_head_epochs(n, 32) for n in (16, 500, 1000, 2000, 5000, 14041)] == [30, 30, 30, 30, 13, 5]
+    assert [default_head_epochs(n, 32) for n in (16, 500, 1000, 2000, 5000, 14041)] == [30, 30, 30, 30, 16, 6]
     assert default_head_epochs(0, 32) == 30 and default_head_epochs(64000, 32) == 3  # 2,000 steps in 1 epoch
 
 
