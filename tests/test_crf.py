@@ -120,6 +120,14 @@ def test_crf_head_loss_decoding_and_errors(batch):
     assert float(output.loss.detach()) == pytest.approx(float(nll.sum()) / 7, rel=1e-5)
     output.loss.backward()
     assert model.crf.transitions.grad.abs().sum() > 0
+    # A training step needs only the loss: the same loss, and `logits` are the classifier's scores (the max-marginals,
+    # two of the CRF's three passes over the words, are left out).
+    model.train()
+    training = model(**batch, labels=labels)
+    assert float(training.loss.detach()) == pytest.approx(float(output.loss.detach()), rel=1e-6)
+    assert torch.allclose(training.logits, emissions, atol=1e-6)
+    assert not torch.allclose(output.logits, emissions, atol=1e-3)
+    model.eval()
 
     with pytest.raises(ValueError, match=r"labels\[1, 1\] is I-LOC after B-PER, which IOB2 forbids"):
         model(**batch, labels=torch.tensor([[1, 0, 0, 3], [1, 4, -100, -100], [3, -100, -100, -100]]))

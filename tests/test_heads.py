@@ -421,3 +421,36 @@ def test_head_lstm_output_is_independent_of_padding(converted_dir, tokenizer, co
                                    is_split_into_words=True, padding=True, return_tensors="pt")).logits[1]
     assert torch.allclose(alone, padded[: len(target)], atol=1e-6)
     assert math.isfinite(float(padded.sum()))
+
+
+def test_head_lstm_on_the_padded_batch_is_the_packed_lstm_over_each_sentence():
+    # ElmoTaskEncoder runs its nn.LSTM's weights once per direction on the padded batch (a fused layer; the packed
+    # LSTM spent half a CPU training step zero-filling gradient buffers): the same function as the packed LSTM over
+    # each sentence's words, outputs and gradients, in every layer, whatever the padding (a row of no words too).
+    from hf_elmo.modeling_elmo import ElmoTaskEncoder
+
+    torch.manual_seed(0)
+    config = ElmoConfig(char_filters=[[1, 4]], n_highway=0, lstm_dim=8, projection_dim=4, head_lstm_dim=5,
+                        head_lstm_layers=2, mix_dropout=0.0)
+    encoder = ElmoTaskEncoder(config).train()
+    lengths = torch.tensor([7, 3, 0, 5])
+    mask = torch.arange(7)[None] < lengths[:, None]
+    features = (torch.randn(4, 7, config.hidden_size) * mask[..., None]).requires_grad_()
+    weights = torch.randn(4, 7, 10)
+
+    def packed(inputs):
+        sequence = torch.nn.utils.rnn.pack_padded_sequence(inputs, lengths.clamp(min=1), batch_first=True,
+                                                           enforce_sorted=False)
+        output, _ = torch.nn.utils.rnn.pad_packed_sequence(encoder.lstm(sequence)[0], batch_first=True,
+                                                           total_length=7)
+        return output * mask[..., None]
+
+    ours = encoder.bilstm_within_lengths(features, mask) * mask[..., None]
+    theirs = packed(features)
+    assert ours.shape == (4, 7, 10) and ours[2].abs().max() == 0
+    assert (ours - theirs).abs().max() <= 1e-6
+    parameters = [features, *encoder.lstm.parameters()]
+    ours_grads = torch.autograd.grad((ours * weights).sum(), parameters)
+    theirs_grads = torch.autograd.grad((theirs * weights).sum(), parameters)
+    for name, a, b in zip(["features", *dict(encoder.lstm.named_parameters())], ours_grads, theirs_grads):
+        assert (a - b).abs().max() <= 1e-5, name
