@@ -281,9 +281,10 @@ def classification_scores(gold: list[str], predicted: list[str]) -> dict:
 # How long a head trains when the user does not say. Measured on CoNLL-2003 subsets of 500 to 14,041 sentences
 # (README "Small data"): few sentences need many passes (at 500, 3 epochs gave 39.6 test F1 and 15 gave 53.5), many
 # need fewer, and every size needs enough optimizer steps. So a head trains for enough epochs to take HEAD_MIN_STEPS
-# steps, no fewer than HEAD_MIN_EPOCHS and no more than HEAD_MAX_EPOCHS (6 on the whole of CoNLL-2003 at batch 32: the
-# most that cost at most 1.5x the 3 epochs before); with validation data it is scored every epoch, stops when the
-# score has not improved for HEAD_PATIENCE evaluations in a row, and the best epoch is kept.
+# steps, no fewer than HEAD_MIN_EPOCHS and no more than HEAD_MAX_EPOCHS (6 on the whole of CoNLL-2003 at batch 32,
+# about 1.3x the time of the 3 epochs before, where 7 cost 1.5x for no better score); with validation data it is
+# scored every epoch, stops when the score has not improved for HEAD_PATIENCE evaluations in a row, and the best
+# epoch is kept.
 # ---------------------------------------------------------------------------------------------
 HEAD_MIN_STEPS = 2500
 HEAD_MIN_EPOCHS = 3
