@@ -1,6 +1,7 @@
 """ELMo configuration: the character-id scheme shared by the tokenizer and the model, the config, and the registry
 of implementations its `elmo_implementation` names."""
 
+import functools
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,7 +108,7 @@ _RELEASED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7
 # changes speed, never the function: `ElmoCharacterEncoder` and `ElmoBiLstm` look theirs up on every call, and the
 # tests hold every implementation to "reference", the model's own plain computation (`modeling_elmo.py`). "cpu"
 # (`elmo_cpu.py`: each distinct word once, a packed in-place recurrence) and "cuda" (`elmo_cuda.py`: static
-# shapes, no host syncs) come with `pip install hf-elmo` and register themselves when first chosen.
+# shapes, no host syncs) come with `pip install hf-elmo` and register themselves when a model is built.
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ElmoImplementation:
@@ -151,12 +152,14 @@ def implementation_name(configured: str | None, device: torch.device) -> str:
     return "cpu" if device.type == "cpu" else "reference"
 
 
+@functools.cache
 def import_built_in_implementations() -> None:
-    """Import "cpu" and "cuda" where the package has them (each registers itself). Called when a model is built, so
-    that nothing is imported inside `torch.compile`; the model itself never imports them (they import its maths)."""
+    """Import "cpu" and "cuda" where the package has them (each registers itself), once per process: a saved
+    folder's copy lacks them, and looking again at every forward would cost two failed imports a call. Called when a
+    model is built, so that nothing is imported inside `torch.compile`; the model itself never imports them (they
+    import its maths)."""
     for name in ("cpu", "cuda"):
-        if name not in ELMO_IMPLEMENTATIONS:
-            package_module(f"elmo_{name}")
+        package_module(f"elmo_{name}")
 
 
 def elmo_implementation_for(config, device: torch.device) -> ElmoImplementation:

@@ -181,7 +181,6 @@ def matmul_dtype(reference: torch.Tensor) -> torch.dtype:
     return reference.dtype
 
 
-
 @dataclass
 class ElmoModelOutput(BaseModelOutput):
     r"""
