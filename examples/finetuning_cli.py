@@ -291,8 +291,9 @@ RUN_RECORD_FILE = "hf_elmo_run.json"
 # The training arguments that change what a run computes, besides those metrics.json shows (when it logs, evaluates
 # or saves does not).
 TRAINING_ARGUMENTS_RECORDED = TRAINING_ARGUMENTS_SHOWN + (
-    "warmup_ratio", "optim", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "bf16", "fp16", "data_seed",
-    "label_smoothing_factor", "group_by_length", "world_size", "early_stopping_patience", "metric_for_best_model")
+    "optim", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "bf16", "fp16", "data_seed",
+    "label_smoothing_factor", "train_sampling_strategy", "world_size", "early_stopping_patience",
+    "metric_for_best_model")
 
 
 def run_record(model_args, data_args, training_args, id2label: dict, load_options: dict) -> dict:
@@ -559,10 +560,20 @@ def fixed_label_map(label_list: list[str]) -> dict[int, str]:
 
 def _card_trainer_class():
     # Built on first use, so that importing this module does not build a Trainer subclass.
+    import torch
     from transformers import Trainer
 
     class ElmoFinetuningTrainer(Trainer):
-        """The Trainer, with hf_elmo's model card (labels, metrics, layer weights) instead of its generic summary."""
+        """The Trainer, with hf_elmo's model card (labels, metrics, layer weights) instead of its generic summary, and
+        evaluation in the data's order under every sampling strategy."""
+
+        def _get_eval_sampler(self, eval_dataset):
+            # Transformers 5 orders evaluation by length too under train_sampling_strategy="group_by_length", and
+            # predict() then returns the sentences in that order: predictions.txt would pair them with the wrong
+            # sentences. Evaluation keeps the data's order, as under the other strategies.
+            if self.args.train_sampling_strategy != "group_by_length":
+                return super()._get_eval_sampler(eval_dataset)
+            return torch.utils.data.SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
 
         def create_model_card(self, **kwargs):
             # The Trainer's keywords (model_name, finetuned_from, dataset, ...) describe its own summary card; the

@@ -791,3 +791,32 @@ def test_a_pickle_planted_in_a_trainer_checkpoint_is_one_line_and_never_runs(tok
         f"was loaded. Remove {output / 'checkpoint-2'} to resume from an earlier checkpoint, or pass "
         "--overwrite_output_dir to start afresh.")
     assert "weights_only=False" not in str(error.value) and not ran.exists()
+
+
+def test_predictions_keep_the_file_order_when_training_batches_are_grouped_by_length(token_example, converted_dir,
+                                                                                  tmp_path):
+    # Transformers 5 orders evaluation by length too under train_sampling_strategy="group_by_length", so predict()
+    # returned the test sentences longest first, and predictions.txt paired them with the wrong sentences.
+    sentences = [["Peter", "Blackburn"], ["EU", "rejects", "German", "call", "to", "boycott", "lamb"],
+                 ["BRUSSELS", "1996-08-22", "The", "Commission"]]
+    test_file = tmp_path / "test.conll"
+    test_file.write_text("\n".join("\n".join(f"{word} O" for word in words) + "\n" for words in sentences),
+                         encoding="utf-8")
+    output = tmp_path / "predicted"
+    token_example.main([
+        "--model_name_or_path", str(converted_dir), "--test_file", str(test_file), "--do_predict",
+        "--label_list", "O", "B-PER", "I-PER", "--train_sampling_strategy", "group_by_length",
+        "--output_dir", str(output), "--report_to", "none",
+    ])
+    lines = (output / "predictions.txt").read_text().splitlines()
+    assert [len(line.split()) for line in lines] == [2, 7, 4]
+
+
+def test_every_recorded_training_argument_is_one_the_trainer_has(tmp_path):
+    # A name TrainingArguments no longer has (Transformers 5 replaced group_by_length with train_sampling_strategy)
+    # was recorded as None, so a resumed run could not see that it had changed.
+    from finetuning_cli import TRAINING_ARGUMENTS_RECORDED, ElmoTrainingArguments  # beside the examples
+
+    arguments = ElmoTrainingArguments(output_dir=str(tmp_path))
+    assert [name for name in TRAINING_ARGUMENTS_RECORDED if not hasattr(arguments, name)] == []
+    assert "train_sampling_strategy" in TRAINING_ARGUMENTS_RECORDED
