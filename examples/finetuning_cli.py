@@ -62,11 +62,17 @@ TRAINING_ARGUMENTS_SHOWN = ("learning_rate", "num_train_epochs", "max_steps", "p
 
 @dataclass
 class ModelArguments:
-    """The ELMo model and the head put on it."""
+    """The ELMo model and the head put on it. A model that already has the head (fine-tuned earlier) keeps its own
+    head options, except those given: a run that only predicts with it, or trains it further, must not rebuild it
+    another way. The defaults below are for a new head."""
+
+    HEAD_OPTIONS = ("mix_layer_norm", "mix_l2_coef", "mix_dropout", "head_lstm_dim", "head_lstm_layers")
+    CONFIG_KEYS = {}  # the head options ElmoConfig names otherwise
 
     model_name_or_path: str = field(metadata={"help": (
         "folder or Hub id of an ELMo model: a converted biLM (examples/quickstart.py writes bilm-tf's test model to "
-        "out/elmo-bilm-tf-fixture), a pretrained one, or a head fine-tuned earlier (its labels are then reused)."
+        "out/elmo-bilm-tf-fixture), a pretrained one, or a head fine-tuned earlier (its labels, and the head "
+        "options below that are not given, are then its own)."
     )})
     unfreeze_elmo: bool = field(default=False, metadata={"help": (
         "fine-tune the biLM's weights too (default: frozen, as in the paper: only the layer mix and the head learn)."
@@ -84,16 +90,28 @@ class ModelArguments:
     )})
     head_lstm_layers: int = field(default=1, metadata={"help": "layers of that biLSTM."})
 
-    def head_options(self) -> dict:
-        """`from_pretrained` keyword arguments for the head."""
-        return {
-            "freeze_elmo": not self.unfreeze_elmo,
-            "mix_layer_norm": self.mix_layer_norm,
-            "mix_l2_coef": self.mix_l2_coef,
-            "mix_dropout": self.mix_dropout,
-            "head_lstm_dim": self.head_lstm_dim or None,
-            "head_lstm_layers": self.head_lstm_layers,
-        }
+    # The head options given on the command line (or in the options file); `parse_arguments` sets it. None: all.
+    options_given = None
+
+    def head_options(self, fine_tuned=None) -> dict:
+        """
+        `from_pretrained` keyword arguments for the head: each head option as given, else the value in `fine_tuned`
+        (the config of a model that already has this head, `fine_tuned_config`), else the default.
+        """
+        options = {"freeze_elmo": not self.unfreeze_elmo}
+        for name in self.HEAD_OPTIONS:
+            key = self.CONFIG_KEYS.get(name, name)
+            if fine_tuned is not None and self.options_given is not None and name not in self.options_given:
+                options[key] = getattr(fine_tuned, key)
+            else:
+                options[key] = (getattr(self, name) or None) if name == "head_lstm_dim" else getattr(self, name)
+        return options
+
+
+def options_given(argv: list[str], names) -> set[str]:
+    """Which of the options `names` `argv` gives (as --name, --name=..., or with dashes for underscores)."""
+    spellings = {f"--{spelling}": name for name in names for spelling in (name, name.replace("_", "-"))}
+    return {spellings[item.split("=", 1)[0]] for item in argv if item.split("=", 1)[0] in spellings}
 
 
 @dataclass
@@ -225,6 +243,7 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
     if options_file:
         argv = options_from_json(options_file, parser)
     model, data, training, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    model.options_given = options_given(argv, model.HEAD_OPTIONS)
     if unknown:
         names = [item for item in unknown if item.startswith("-")] or unknown
         parser.error(f"{options_file}: unknown options {', '.join(n.lstrip('-') for n in names)}" if options_file
@@ -269,18 +288,16 @@ def limited(splits: dict, data) -> dict:
     return {split: items if limits[split] is None else items[: limits[split]] for split, items in splits.items()}
 
 
-def choose_labels(data, name: str, load_options: dict, architecture: str, from_training) -> dict[int, str]:
+def choose_labels(data, fine_tuned, from_training) -> dict[int, str]:
     """
-    `id2label`: --label_list, else the labels of a model that already has this head, else `from_training()` (the
-    training data's labels; False when there is no training data).
+    `id2label`: --label_list, else the labels of `fine_tuned` (the config of a model that already has this head,
+    `fine_tuned_config`; None for a new head), else `from_training()` (the training data's labels; False when there
+    is no training data).
     """
     if data.label_list:
         return fixed_label_map(data.label_list)
-    from transformers import AutoConfig
-
-    existing = existing_label_map(AutoConfig.from_pretrained(name, **load_options), architecture)
-    if existing is not None:
-        return existing
+    if fine_tuned is not None:
+        return {int(i): label for i, label in fine_tuned.id2label.items()}
     if not from_training:
         raise DataFileError("no training data to take the labels from: give --label_list or --train_file.")
     return from_training()
@@ -543,11 +560,12 @@ def dataset_splits(name: str, config: str | None, columns: tuple[str, ...]) -> d
     return tables
 
 
-def existing_label_map(config, architecture: str) -> dict[int, str] | None:
-    """The `id2label` of a model folder that already holds this kind of head, else None (a new head)."""
-    if architecture in (getattr(config, "architectures", None) or []):
-        return {int(i): label for i, label in config.id2label.items()}
-    return None
+def fine_tuned_config(name: str, load_options: dict, architecture: str):
+    """The config of model `name` when it already holds this kind of head (`architecture`), else None (a new head)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(name, **load_options)
+    return config if architecture in (getattr(config, "architectures", None) or []) else None
 
 
 def fixed_label_map(label_list: list[str]) -> dict[int, str]:

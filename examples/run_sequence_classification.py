@@ -57,6 +57,7 @@ from finetuning_cli import (  # beside this script
     Task,
     choose_labels,
     dataset_splits,
+    fine_tuned_config,
     limited,
     parse_arguments,
     run_example,
@@ -69,13 +70,13 @@ logger = logging.getLogger("run_sequence_classification")
 
 @dataclass
 class SequenceModelArguments(ModelArguments):
+    HEAD_OPTIONS = (*ModelArguments.HEAD_OPTIONS, "pooling")
+    CONFIG_KEYS = {"pooling": "classifier_pooling"}
+
     pooling: str = field(default="mean", metadata={"choices": ("mean", "max", "final"), "help": (
         "how word vectors become one sentence vector: mean or max over the words, or final (forward state at the "
         "last word with backward state at the first)."
     )})
-
-    def head_options(self) -> dict:
-        return {**super().head_options(), "classifier_pooling": self.pooling}
 
 
 @dataclass
@@ -136,7 +137,8 @@ def main(argv=None):
     # A mistyped folder fails here at once, without Hub requests and their retries.
     name, load_options = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(name, **load_options)
-    id2label = choose_labels(data_args, name, load_options, "ElmoForSequenceClassification", "train" in splits and (
+    fine_tuned = fine_tuned_config(name, load_options, "ElmoForSequenceClassification")
+    id2label = choose_labels(data_args, fine_tuned, "train" in splits and (
         lambda: build_label_map(row.label for row in splits["train"])))
     if len(id2label) < 2:
         where = splits["train"][0].source if "train" in splits else "--label_list"
@@ -147,7 +149,7 @@ def main(argv=None):
 
     model = AutoModelForSequenceClassification.from_pretrained(
         name, **load_options, id2label=id2label, label2id=label2id,
-        problem_type="single_label_classification", **model_args.head_options()
+        problem_type="single_label_classification", **model_args.head_options(fine_tuned)
     )
 
     def score(predictions, label_ids_):

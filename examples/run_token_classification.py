@@ -59,6 +59,7 @@ from finetuning_cli import (  # beside this script
     Task,
     choose_labels,
     dataset_splits,
+    fine_tuned_config,
     limited,
     parse_arguments,
     run_example,
@@ -71,13 +72,12 @@ logger = logging.getLogger("run_token_classification")
 
 @dataclass
 class TokenModelArguments(ModelArguments):
+    HEAD_OPTIONS = (*ModelArguments.HEAD_OPTIONS, "head_crf")
+
     head_crf: bool = field(default=False, metadata={"help": (
         "a linear-chain CRF over the labels, decoded with Viterbi (the paper's NER model is a biLSTM-CRF); with IOB2 "
         "labels it never predicts a transition IOB2 forbids, and refuses IOB1 data, whose entities may start with I-."
     )})
-
-    def head_options(self) -> dict:
-        return {**super().head_options(), "head_crf": self.head_crf}
 
 
 @dataclass
@@ -191,10 +191,17 @@ def main(argv=None):
     # A mistyped folder fails here at once, without Hub requests and their retries.
     name, load_options = resolve_model(model_args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(name, **load_options)
-    id2label = choose_labels(data_args, name, load_options, "ElmoForTokenClassification", "train" in splits and (
+    fine_tuned = fine_tuned_config(name, load_options, "ElmoForTokenClassification")
+    head_options = model_args.head_options(fine_tuned)
+    if head_options["head_crf"] and training_args.label_smoothing_factor:
+        # The Trainer's label smoother takes the labels from the model and scores its per-word outputs itself.
+        crf = "--head_crf" if "head_crf" in model_args.options_given else f"{model_args.model_name_or_path} has one"
+        raise DataFileError(f"--label_smoothing_factor smooths a per-word softmax, and a CRF head ({crf}) is trained "
+                            "on whole tag sequences instead: drop one of the two.")
+    id2label = choose_labels(data_args, fine_tuned, "train" in splits and (
         lambda: build_label_map([tag for s in splits["train"] for tag in s.tags], outside="O")))
     label2id = {label: i for i, label in id2label.items()}
-    if model_args.head_crf:
+    if head_options["head_crf"]:
         check_crf_tags(splits, id2label, label2id)
     features = {split: encode(tokenizer, sentences, label2id) for split, sentences in splits.items()}
     logger.info("Labels: %s; sentences: %s", list(id2label.values()),
@@ -206,7 +213,7 @@ def main(argv=None):
                     "accuracy only, no entity scores.")
 
     model = AutoModelForTokenClassification.from_pretrained(
-        name, **load_options, id2label=id2label, label2id=label2id, **model_args.head_options()
+        name, **load_options, id2label=id2label, label2id=label2id, **head_options
     )
 
     def score(predictions, label_ids_):

@@ -820,3 +820,49 @@ def test_every_recorded_training_argument_is_one_the_trainer_has(tmp_path):
     arguments = ElmoTrainingArguments(output_dir=str(tmp_path))
     assert [name for name in TRAINING_ARGUMENTS_RECORDED if not hasattr(arguments, name)] == []
     assert "train_sampling_strategy" in TRAINING_ARGUMENTS_RECORDED
+
+
+IOB2_TRAIN = "EU B-ORG\nrejects O\nGerman B-MISC\ncall O\n\nPeter B-PER\nBlackburn I-PER\n"
+
+
+def test_a_fine_tuned_head_keeps_its_own_options_unless_given(token_example, converted_dir, tmp_path):
+    # The head options' defaults (a 128-unit biLSTM, no CRF, no layer norm) rebuilt a fine-tuned head another way
+    # when it was only used to predict: a size-mismatch traceback, or silently no CRF and no layer norm.
+    data = tmp_path / "train.conll"
+    data.write_text(IOB2_TRAIN, encoding="utf-8")
+    trained, predicted = tmp_path / "trained", tmp_path / "predicted"
+    token_example.main([
+        "--model_name_or_path", str(converted_dir), "--train_file", str(data), "--test_file", str(data),
+        "--output_dir", str(trained), "--head_crf", "--mix_layer_norm", "--head_lstm_dim", "16", "--mix_dropout",
+        "0.1", "--num_train_epochs", "2", "--report_to", "none",
+    ])
+    token_example.main([
+        "--model_name_or_path", str(trained), "--test_file", str(data), "--do_predict", "--output_dir",
+        str(predicted), "--report_to", "none",
+    ])
+    head = ("head_crf", "mix_layer_norm", "head_lstm_dim", "head_lstm_layers", "mix_dropout", "mix_l2_coef")
+    config = json.loads((predicted / "config.json").read_text())
+    assert {key: config[key] for key in head} == {"head_crf": True, "mix_layer_norm": True, "head_lstm_dim": 16,
+                                                  "head_lstm_layers": 1, "mix_dropout": 0.1, "mix_l2_coef": 0.0}
+    assert (predicted / "predictions.txt").read_text() == (trained / "predictions.txt").read_text()
+    assert (predicted / "model.safetensors").read_bytes() == (trained / "model.safetensors").read_bytes()
+    # An option given still decides: training the fine-tuned head further without its dropout.
+    again = tmp_path / "again"
+    token_example.main([
+        "--model_name_or_path", str(trained), "--train_file", str(data), "--output_dir", str(again),
+        "--mix_dropout", "0", "--num_train_epochs", "1", "--report_to", "none",
+    ])
+    config = json.loads((again / "config.json").read_text())
+    assert (config["mix_dropout"], config["head_crf"], config["head_lstm_dim"]) == (0.0, True, 16)
+
+    # The Trainer's label smoother takes the labels away from the model and scores its per-word outputs with a
+    # softmax: a CRF head then trained on its max-marginals, not on its sentence likelihood, and said nothing.
+    for model, where in ((converted_dir, "(--head_crf)"), (trained, f"({trained} has one)")):
+        with pytest.raises(DataFileError) as error:
+            token_example.main([
+                "--model_name_or_path", str(model), "--train_file", str(data), "--output_dir", str(tmp_path / "ls"),
+                "--label_smoothing_factor", "0.1", *(["--head_crf"] if model == converted_dir else []),
+            ])
+        assert str(error.value) == ("--label_smoothing_factor smooths a per-word softmax, and a CRF head "
+                                    f"{where} is trained on whole tag sequences instead: drop one of the two.")
+    assert not (tmp_path / "ls").exists()
