@@ -152,6 +152,14 @@ def test_sequence_classification_example_fits_real_sentences(sequence_example, c
     assert json.loads((output / "labels.json").read_text()) == {"id2label": {"0": "no", "1": "yes"}}
     model = AutoModelForSequenceClassification.from_pretrained(output)
     assert model.config.classifier_pooling == "final" and model.config.id2label == {0: "no", 1: "yes"}
+    # Scored again from its folder, without the options: the same head (final pooling, no biLSTM), the same scores.
+    again = sequence_example.main([
+        "--model_name_or_path", str(output), "--validation_file", str(train), "--text_column_name", "sentence",
+        "--label_column_name", "has_number", "--do_eval", "--output_dir", str(tmp_path / "again"),
+    ])
+    assert again["validation"]["accuracy"] == 1.0 and again["validation"]["loss"] == pytest.approx(report["loss"])
+    config = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert (config["classifier_pooling"], config["head_lstm_dim"]) == ("final", None)
 
 
 def test_sequence_example_runs_on_the_shipped_sample(sequence_example, converted_dir, tmp_path):
