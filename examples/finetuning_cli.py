@@ -242,7 +242,10 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
     options_file = argv[0] if len(argv) == 1 and argv[0].endswith(".json") else None
     if options_file:
         argv = options_from_json(options_file, parser)
-    model, data, training, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    try:
+        model, data, training, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    except ValueError as error:  # TrainingArguments' own checks (--bf16 on a CPU without --use_cpu, ...)
+        parser.error(" ".join(str(error).split()))
     model.options_given = options_given(argv, model.HEAD_OPTIONS)
     if unknown:
         names = [item for item in unknown if item.startswith("-")] or unknown
@@ -264,6 +267,7 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
         parser.error(f"--early_stopping_patience must be >= 0 (0: off), got {training.early_stopping_patience}")
     if training.num_train_epochs is not None and not training.num_train_epochs > 0:
         parser.error(f"--num_train_epochs must be > 0, got {training.num_train_epochs:g}")
+    check_trainer_packages(training, parser)
     if training.push_to_hub:
         from huggingface_hub import constants, get_token
 
@@ -273,6 +277,29 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
         if get_token() is None:
             parser.error("--push_to_hub: not logged in to the Hugging Face Hub; run `hf auth login` or set HF_TOKEN")
     return model, data, training
+
+
+def check_trainer_packages(training, parser) -> None:
+    """
+    The optimizer and trackers the Trainer will build, checked as it checks them but before anything is written: a
+    tracker it does not know, or one or an optimizer whose package is missing, is a usage error (the Trainer found
+    them when it was built, or at its first step, with a traceback).
+    """
+    from transformers import Trainer
+    from transformers.integrations import get_available_reporting_integrations, get_reporting_integration_callbacks
+
+    try:
+        Trainer.get_optimizer_cls_and_kwargs(training)
+    except ImportError as error:
+        parser.error(f"--optim {training.optim.value}: {' '.join(str(error).split())}")
+    available = get_available_reporting_integrations()
+    for name in training.report_to:
+        try:
+            (callback,) = get_reporting_integration_callbacks([name])
+            if name not in available:
+                callback()  # as the Trainer builds it: says which package is missing
+        except (ValueError, ImportError, RuntimeError) as error:
+            parser.error(f"--report_to {name}: {' '.join(str(error).split())}")
 
 
 def steps_to_run(training, splits) -> tuple[bool, bool, bool]:

@@ -714,6 +714,33 @@ def test_options_files_and_unknown_options_are_checked_as_the_command_line_is(tm
     assert sorted(os.listdir(tmp_path)) == sorted([*cases, "ok.json"])  # nothing written
 
 
+def test_trackers_optimizers_and_settings_the_trainer_refuses_are_usage_errors(tmp_path, capsys):
+    # The Trainer found these when it was built or at its first step, after the data stage, with a traceback.
+    import importlib.util
+
+    import torch
+
+    import finetuning_cli
+
+    script = load_example("run_token_classification")
+    required = ["--model_name_or_path", "m", "--train_file", "t", "--output_dir", str(tmp_path / "o")]
+    cases = [(["--report_to", "bogus"], "error: --report_to bogus: bogus is not supported, only azure_ml, ")]
+    if importlib.util.find_spec("wandb") is None:
+        cases.append((["--report_to", "wandb"],
+                      "error: --report_to wandb: WandbCallback requires wandb to be installed. Run `pip install wandb`."))
+    if importlib.util.find_spec("bitsandbytes") is None:
+        cases.append((["--optim", "adamw_bnb_8bit"], "error: --optim adamw_bnb_8bit: You need to install "
+                                                     "`bitsandbytes` in order to use bitsandbytes optimizers"))
+    if not torch.cuda.is_available():  # TrainingArguments' own check, a ValueError from the parser
+        cases.append((["--bf16"], "error: Your setup doesn't support bf16/gpu. You need to assign use_cpu"))
+    for extra, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            finetuning_cli.parse_arguments(script.TokenDataArguments, script.TokenModelArguments,
+                                           argv=required + extra)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, extra
+    assert not (tmp_path / "o").exists()
+
+
 def test_do_predict_with_only_a_test_file_predicts(token_example, converted_dir, fixtures_root, tmp_path):
     # TrainingArguments turns do_eval on with our per-epoch evaluation; this was refused for lack of validation data.
     output = tmp_path / "predicted"
