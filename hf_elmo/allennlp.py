@@ -134,6 +134,11 @@ def batch_to_ids(batch: list[list[str]]) -> torch.Tensor:
     """
     if not isinstance(batch, (list, tuple)) or not all(isinstance(s, (list, tuple)) for s in batch):
         raise TypeError("batch_to_ids takes a list of sentences, each a list of words (strings).")
+    for row, sentence in enumerate(batch):
+        for position, word in enumerate(sentence):
+            if not isinstance(word, str):
+                raise TypeError(f"batch_to_ids: sentence {row}, word {position} is {word!r} ({type(word).__name__}), "
+                                "not a string; each sentence is a list of words (strings).")
     longest = max((len(sentence) for sentence in batch), default=0)
     ids = np.zeros((len(batch), longest, CHARACTERS_PER_TOKEN), dtype=np.int64)
     for row, sentence in enumerate(batch):

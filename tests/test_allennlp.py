@@ -80,6 +80,11 @@ def test_batch_to_ids_is_allennlps_character_mapper(allennlp):
     assert batch_to_ids([]).shape == (0, 0, 50)
     with pytest.raises(TypeError, match="a list of sentences, each a list of words"):
         batch_to_ids(["not", "split"])
+    # A word that is not a string (it failed with "'int' object has no attribute 'encode'").
+    with pytest.raises(TypeError) as error:
+        batch_to_ids([["fine"], ["one", 2]])
+    assert str(error.value) == ("batch_to_ids: sentence 1, word 1 is 2 (int), not a string; each sentence is a list "
+                                "of words (strings).")
 
 
 # ------------------------------------------------------------------------------------------------ Elmo
