@@ -874,6 +874,8 @@ class ElmoCrf(nn.Module):
 
     def path_scores(self, emissions: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The score of each sentence's labelling `labels` `(batch, words)` (any value at padding), `(batch,)`."""
+        if emissions.shape[1] == 0:  # a batch of sentences of no words: 0 each (still part of the graph)
+            return emissions.sum(dim=(1, 2))
         transitions, start, end = self.scores()
         labels = labels.masked_fill(~mask, 0)
         rows = torch.arange(labels.shape[0], device=labels.device)
@@ -885,6 +887,8 @@ class ElmoCrf(nn.Module):
 
     def log_partition(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """log of the sum over every labelling of exp(score), `(batch,)` (0 for a sentence of no words)."""
+        if emissions.shape[1] == 0:
+            return emissions.sum(dim=(1, 2))
         transitions, start, end = self.scores()
         alpha = start + emissions[:, 0]
         for t in range(1, emissions.shape[1]):
@@ -898,6 +902,8 @@ class ElmoCrf(nn.Module):
         that label (max-product forward and backward). Its argmax at each word is the Viterbi path (when the best
         path is unique); 0 at padding.
         """
+        if emissions.shape[1] == 0:
+            return emissions
         transitions, start, end = self.scores()
         forward = [start + emissions[:, 0]]
         for t in range(1, emissions.shape[1]):
@@ -912,6 +918,8 @@ class ElmoCrf(nn.Module):
 
     def decode(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The best labelling of each sentence (Viterbi), `(batch, words)`, -100 at padding."""
+        if emissions.shape[1] == 0:
+            return mask.long()
         transitions, start, end = self.scores()
         best, back_pointers = start + emissions[:, 0], []
         for t in range(1, emissions.shape[1]):
@@ -966,6 +974,8 @@ class ElmoTaskEncoder(nn.Module):
         direction and layer, instead of a packed sequence: in training on a CPU, torch's packed LSTM zero-fills a
         (words, 4 * hidden) gradient buffer per time step, more than half of a NER head's step.
         """
+        if features.shape[1] == 0:  # sentences of no words (torch's LSTM refuses a sequence of length 0)
+            return features.new_zeros(features.shape[0], 0, 2 * self.lstm.hidden_size)
         lengths = mask.sum(dim=1)
         layer_input = features
         for layer in range(self.lstm.num_layers):
@@ -1138,7 +1148,7 @@ class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
         emissions = self.classifier(self.encoder(layers, mask))
         logits = emissions
         training_step = self.training and labels is not None
-        if self.crf is not None and mask.shape[1] and not training_step:
+        if self.crf is not None and not training_step:
             logits = self.crf.max_marginals(emissions.float(), mask).to(emissions.dtype)
 
         loss = None

@@ -187,3 +187,26 @@ def test_the_token_classification_pipeline_decodes_with_viterbi():
     assert {LABELS[i][:2] for i in viterbi} >= {"B-", "I-"}  # entities of several words: transitions matter
     assert [entity["entity"] for entity in tagged] == [LABELS[i] for i in viterbi if LABELS[i] != "O"]
     assert [entity["index"] for entity in tagged] == [i for i, label in enumerate(viterbi) if LABELS[label] != "O"]
+
+
+@pytest.mark.parametrize("crf", [True, False])
+def test_sentences_of_no_words_give_empty_outputs_and_a_zero_loss(crf):
+    # A batch whose sentences are all empty ("" in a pipeline) reached torch's LSTM with a sequence of length 0
+    # ("Expected sequence length to be larger than 0 in RNN"), and the CRF indexed word 0 of it.
+    from transformers import pipeline
+
+    from hf_elmo.pipeline_elmo import ElmoTokenClassificationPipeline
+
+    model = tiny_head(head_crf=crf, head_lstm_dim=4)
+    inputs = ElmoTokenizer()([[], []], is_split_into_words=True, return_tensors="pt")
+    assert tuple(inputs["input_ids"].shape) == (2, 0, 50)
+    loss = model(**inputs, labels=torch.zeros(2, 0, dtype=torch.long)).loss
+    loss.backward()  # a training step on them runs (and learns nothing)
+    assert loss.item() == 0.0
+    model.eval()
+    with torch.no_grad():
+        assert tuple(model(**inputs).logits.shape) == (2, 0, len(LABELS))
+        assert tuple(model.decode(**inputs).shape) == (2, 0)
+    tagger = pipeline("token-classification", model=model, tokenizer=ElmoTokenizer(),
+                      pipeline_class=ElmoTokenClassificationPipeline)
+    assert tagger(["", "  "]) == [[], []]
