@@ -1230,7 +1230,7 @@ class ElmoForSequenceClassification(ElmoTaskPreTrainedModel):
         weights = mask.unsqueeze(-1).to(features.dtype)
         has_words = mask.any(dim=1, keepdim=True)
         pooling = self.config.classifier_pooling
-        if pooling == "mean":
+        if pooling == "mean" or features.shape[1] == 0:
             return (features * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
         if pooling == "max":
             masked = features.masked_fill(~mask.unsqueeze(-1), torch.finfo(features.dtype).min)

@@ -326,6 +326,11 @@ def test_sequence_pooling_ignores_padding_and_batch(converted_dir, tokenizer, po
     expected = {"mean": words.mean(0), "max": words.amax(0),
                 "final": torch.cat([words[-1, :5], words[0, 5:]])}[pooling]
     assert torch.allclose(pooled, expected, atol=1e-6)
+    # A batch of empty sentences alone, as the text-classification pipeline sends "" (max and final pooling
+    # indexed or reduced a words axis of size 0).
+    empty = tokenizer([[], []], is_split_into_words=True, return_tensors="pt")
+    with torch.no_grad():
+        assert torch.equal(model(**empty).logits, model.classifier.bias.expand(2, 3))
 
 
 def test_sequence_losses_follow_problem_type(converted_dir, tokenizer):
