@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -630,7 +631,7 @@ class PretrainingRun:
             grad_norm = self.captured_step.update()  # on the device: read at logging steps only
             with warnings.catch_warnings():
                 # The update ran inside the graph, where torch's check that optimizer.step() came first cannot see.
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()` before")
+                warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
                 self.scheduler.step()
             self.progress.step += 1
             return grad_norm
