@@ -5,18 +5,18 @@
 
     accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 -m hf_elmo.cli pretrain ...same options...
 
-    hf-elmo pretrain --dataset-name wikimedia/wikipedia --dataset-config 20231101.nb --eval-fraction 0.01 \
-        --build-vocab --min-count 3 --config small --max-steps 100000 --output-dir elmo-nb \
+    hf-elmo pretrain --dataset-name wikimedia/wikipedia --dataset-config 20231101.nb --eval-fraction 0.01 \\
+        --build-vocab --min-count 3 --config small --max-steps 100000 --output-dir elmo-nb \\
         --push-to-hub --hub-model-id your-name/elmo-nb
 
 (`hf-elmo-pretrain` and `examples/pretrain_elmo.py` are older names of the same program.)
 
 The corpus is plain text, one sentence per line, in any number of shards (globs), or a `datasets` dataset
 exported once into such files, or read as a stream with --streaming (hf_elmo.pretraining_datasets). It is read a
-shuffle window at a time, so it may be larger than memory. Batches are whole sentences, each read from a zero LSTM state (see hf_elmo.pretraining_data for
-why this and not bilm-tf's stateful 20-token windows). The objective is bilm-tf's: forward and backward LM losses
-over a frequency-sorted word vocabulary, one softmax shared by both directions, a sampled softmax with 8192
-log-uniform negatives in training, the full softmax for evaluation. So is the recipe, by default: a new model
+shuffle window at a time, so it may be larger than memory. Batches are whole sentences, each read from a zero LSTM
+state (see hf_elmo.pretraining_data for why this and not bilm-tf's stateful 20-token windows). The objective is
+bilm-tf's: forward and backward LM losses over a frequency-sorted word vocabulary, one softmax shared by both
+directions, a sampled softmax with 8192 log-uniform negatives in training, the full softmax for evaluation. So is the recipe, by default: a new model
 starts from bilm-tf's initialisers, dropout 0.1 on every LSTM layer's input and on the top layer, the gradient
 of the mean loss x 20 (bilm-tf's unroll_steps), clipped to a global norm of 10, and Adagrad (lr 0.2, initial
 accumulator 1.0).
@@ -25,8 +25,7 @@ OUTPUT_DIR ends up holding the final model (`AutoModel.from_pretrained(OUTPUT_DI
 `AutoModelForPreTraining` the biLM with its softmax), the tokenizer with the vocabulary (vocab.txt, bilm-tf's
 format), `checkpoint-STEP/` folders (`--resume` continues from the latest one exactly as if never stopped), every
 metric in metrics.jsonl (and TensorBoard logs under logs/ when TensorBoard is installed), training_args.json and
-eval_results.json. Export the biLM for bilm-tf with
-conversion/convert_hf_to_bilm_tf.py.
+eval_results.json. Export the biLM for bilm-tf with conversion/convert_hf_to_bilm_tf.py.
 """
 
 import argparse

@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,18 @@ def test_help_of_every_subcommand_mentions_every_option(command, capsys):
     text = capsys.readouterr().out
     missing = [option for option in options if option not in text]
     assert missing == []
+
+
+def test_no_help_text_runs_two_lines_of_an_example_together():
+    # A "\\" ending a line of a docstring is a line continuation to Python: `pretrain --help` showed two lines of
+    # an example command run together with the next line's indentation ("--eval-fraction 0.01         --build-vocab").
+    from hf_elmo import pretraining_args
+
+    descriptions = {name: parser.description or "" for name, parser in subcommand_parsers().items()}
+    descriptions["pretrain"] = pretraining_args.build_parser().description
+    joined = {name: re.findall(r"\S {4,}--", text) for name, text in descriptions.items()}
+    assert {name: found for name, found in joined.items() if found} == {}
+    assert "0.01 \\\n        --build-vocab" in descriptions["pretrain"]
 
 
 def test_top_level_help_lists_every_command(capsys):
