@@ -14,7 +14,7 @@ It prints ONE JSON line: per side, the perplexities at each evaluated step, the 
     python benchmarks/pretraining_recipe.py                      # steps 0-300, both sides one after the other
     python benchmarks/pretraining_recipe.py --max-steps 2000 --threads 1 --parallel   # the 45-minute budget
     # one option against today's default, same code: the captured step's shapes against padded sentences
-    python benchmarks/pretraining_recipe.py --baseline HEAD --threads 1 --parallel \
+    python benchmarks/pretraining_recipe.py --baseline HEAD --threads 1 --parallel \\
         --current-options "--training-step captured --compile-backend aot_eager"
 
 The sides run one after the other with --threads threads each (default 2), or with --parallel both at once (use

@@ -23,10 +23,10 @@ machine. OUTPUT_DIR/bilm is the pretrained biLM (an `hf-elmo pretrain` folder).
     python examples/downstream_ner.py --output-dir out/ner-gpu --config small --pretrain-steps 100000
     python examples/downstream_ner.py --output-dir out/ner-again --pretrained out/ner-experiment/bilm
     # A biLM of another language or domain, scored on that language's NER data (CoNLL-format files)
-    python examples/downstream_ner.py --output-dir out/ner-nb --pretrained out/bilm-nb \
+    python examples/downstream_ner.py --output-dir out/ner-nb --pretrained out/bilm-nb \\
         --train-file nb/train.conll --valid-file nb/dev.conll --test-file nb/test.conll
     # What int8 weights cost the task: the same heads on the pretrained biLM's fp32 and int8 features
-    python examples/downstream_ner.py --output-dir out/ner-int8 --pretrained out/ner-experiment/bilm \
+    python examples/downstream_ner.py --output-dir out/ner-int8 --pretrained out/ner-experiment/bilm \\
         --variants pretrained pretrained+int8
 """
 
