@@ -246,16 +246,24 @@ def check_args(args, parser) -> None:
         parser.error("--vocab-sentences goes with --build-vocab and must be >= 1")
     if args.vocab and args.build_vocab:
         parser.error("--vocab and --build-vocab are exclusive: use a vocabulary file, or build one")
-    if (args.num_softmax_samples < 0 or args.warmup_steps < 0 or args.max_grad_norm < 0 or args.num_workers < 0
+    for name in ("max_vocab_size", "eval_max_sentences"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if (args.num_softmax_samples < 0 or args.warmup_steps < 0 or not args.max_grad_norm >= 0 or args.num_workers < 0
             or not args.data_timeout >= 0):
         parser.error("--num-softmax-samples, --warmup-steps, --max-grad-norm, --num-workers and --data-timeout must "
                      "be >= 0")
-    if not args.loss_scale > 0 or not math.isfinite(args.loss_scale):
-        parser.error(f"--loss-scale must be a positive number, got {args.loss_scale}")
-    if not 0 <= args.dropout < 1:
-        parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.learning_rate is None:
         args.learning_rate = DEFAULT_LEARNING_RATES[args.optimizer]
+    # Checked here, not by torch's optimizer when the run has started ("Invalid learning rate: -1.0", a traceback).
+    for name, positive in (("loss_scale", True), ("learning_rate", True), ("adagrad_initial_accumulator", False),
+                           ("weight_decay", False)):
+        value = getattr(args, name)
+        if not math.isfinite(value) or not (value > 0 if positive else value >= 0):
+            parser.error(f"--{name.replace('_', '-')} must be a {'positive' if positive else 'non-negative'} number, "
+                         f"got {value}")
+    if not 0 <= args.dropout < 1:
+        parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.training_step == "captured" and captured_step_unsupported(args):
         parser.error(f"--training-step captured does not support {captured_step_unsupported(args)}")
     check_report_to(args, parser)

@@ -85,6 +85,25 @@ def test_pretrain_help_and_usage_errors_are_its_own(capsys):
     assert "argument --threads: must be between 1 and" in err
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--learning-rate", "-1", "--learning-rate must be a positive number, got -1.0"),
+    ("--learning-rate", "nan", "--learning-rate must be a positive number, got nan"),
+    ("--adagrad-initial-accumulator", "-0.5", "--adagrad-initial-accumulator must be a non-negative number, got -0.5"),
+    ("--weight-decay", "-0.01", "--weight-decay must be a non-negative number, got -0.01"),
+    ("--max-grad-norm", "nan", "--max-grad-norm, --num-workers and --data-timeout must be >= 0"),
+    ("--max-vocab-size", "0", "--max-vocab-size must be >= 1, got 0"),
+    ("--eval-max-sentences", "-2", "--eval-max-sentences must be >= 1, got -2"),
+])
+def test_pretrain_numbers_torch_would_refuse_mid_run_are_usage_errors(option, value, message, tmp_path, capsys):
+    # `--learning-rate -1` reached torch's optimizer after the run had started: "ValueError: Invalid learning rate".
+    argv = ["pretrain", "--train-files", "x.txt", "--config", "small", "--output-dir", str(tmp_path / "o"),
+            "--max-steps", "1", option, value]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 HEAVY_IMPORTS = """
 import json, sys
 from hf_elmo.cli import main
