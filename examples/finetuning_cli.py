@@ -15,6 +15,7 @@ The data readers, metrics and the layer-weight plot they use are the package's (
 import argparse
 import json
 import logging
+import math
 import os
 import pickle
 import re
@@ -267,6 +268,7 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
         parser.error(f"--early_stopping_patience must be >= 0 (0: off), got {training.early_stopping_patience}")
     if training.num_train_epochs is not None and not training.num_train_epochs > 0:
         parser.error(f"--num_train_epochs must be > 0, got {training.num_train_epochs:g}")
+    check_numbers(model, training, parser)
     check_trainer_packages(training, parser)
     if training.push_to_hub:
         from huggingface_hub import constants, get_token
@@ -277,6 +279,27 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
         if get_token() is None:
             parser.error("--push_to_hub: not logged in to the Hugging Face Hub; run `hf auth login` or set HF_TOKEN")
     return model, data, training
+
+
+def check_numbers(model, training, parser) -> None:
+    """
+    The head options, as ElmoConfig checks them, and the training numbers that torch would refuse only once the run
+    has started (a learning rate of -1, a batch of 0 sentences), or take without a word (a NaN gradient-norm limit
+    turns clipping off, a negative weight decay or L2 penalty pushes weights away).
+    """
+    from hf_elmo import ElmoConfig
+
+    try:
+        ElmoConfig(**model.head_options())
+    except ValueError as error:
+        parser.error(str(error).replace("ElmoConfig.", "--"))
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        if getattr(training, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(training, name)}")
+    for name, positive in (("learning_rate", True), ("weight_decay", False), ("max_grad_norm", False)):
+        value = getattr(training, name)
+        if not math.isfinite(value) or not (value > 0 if positive else value >= 0):
+            parser.error(f"--{name} must be a {'positive' if positive else 'non-negative'} number, got {value}")
 
 
 def check_trainer_packages(training, parser) -> None:

@@ -475,6 +475,11 @@ class ElmoPreTrainedModel(PreTrainedModel):
     # The task (a key of `ELMO_CUSTOM_PIPELINES`) whose ELMo pipeline this class's saved folders name.
     elmo_pipeline_task: str | None = None
 
+    def __init__(self, config: ElmoConfig, *args, **kwargs):
+        # from_pretrained's keyword arguments (mix_dropout=1.5) reach the config by setattr, past its own checks.
+        config.validate_elmo()
+        super().__init__(config, *args, **kwargs)
+
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
         """
@@ -874,8 +879,6 @@ class ElmoCrf(nn.Module):
 
     def path_scores(self, emissions: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The score of each sentence's labelling `labels` `(batch, words)` (any value at padding), `(batch,)`."""
-        if emissions.shape[1] == 0:  # a batch of sentences of no words: 0 each (still part of the graph)
-            return emissions.sum(dim=(1, 2))
         transitions, start, end = self.scores()
         labels = labels.masked_fill(~mask, 0)
         rows = torch.arange(labels.shape[0], device=labels.device)
@@ -887,8 +890,6 @@ class ElmoCrf(nn.Module):
 
     def log_partition(self, emissions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """log of the sum over every labelling of exp(score), `(batch,)` (0 for a sentence of no words)."""
-        if emissions.shape[1] == 0:
-            return emissions.sum(dim=(1, 2))
         transitions, start, end = self.scores()
         alpha = start + emissions[:, 0]
         for t in range(1, emissions.shape[1]):
@@ -902,8 +903,6 @@ class ElmoCrf(nn.Module):
         that label (max-product forward and backward). Its argmax at each word is the Viterbi path (when the best
         path is unique); 0 at padding.
         """
-        if emissions.shape[1] == 0:
-            return emissions
         transitions, start, end = self.scores()
         forward = [start + emissions[:, 0]]
         for t in range(1, emissions.shape[1]):
@@ -1148,7 +1147,7 @@ class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
         emissions = self.classifier(self.encoder(layers, mask))
         logits = emissions
         training_step = self.training and labels is not None
-        if self.crf is not None and not training_step:
+        if self.crf is not None and mask.shape[1] and not training_step:
             logits = self.crf.max_marginals(emissions.float(), mask).to(emissions.dtype)
 
         loss = None
@@ -1169,7 +1168,7 @@ class ElmoForTokenClassification(ElmoTaskPreTrainedModel):
                 )
             _check_label_ids(labels, self.num_labels, self.config.id2label)
             labelled = labels != -100
-            if self.crf is None:
+            if self.crf is None or not mask.shape[1]:  # (the CRF's loss of sentences of no words is 0 too)
                 loss_sum = nn.functional.cross_entropy(emissions[labelled].float(), labels[labelled], reduction="sum")
             else:
                 self._check_crf_labels(labels, mask)

@@ -741,6 +741,29 @@ def test_trackers_optimizers_and_settings_the_trainer_refuses_are_usage_errors(t
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--learning_rate", "-1", "--learning_rate must be a positive number, got -1.0"),
+    ("--weight_decay", "-0.5", "--weight_decay must be a non-negative number, got -0.5"),
+    ("--max_grad_norm", "nan", "--max_grad_norm must be a non-negative number, got nan"),
+    ("--per_device_train_batch_size", "0", "--per_device_train_batch_size must be >= 1, got 0"),
+    ("--gradient_accumulation_steps", "0", "--gradient_accumulation_steps must be >= 1, got 0"),
+    ("--mix_dropout", "1.5", "--mix_dropout must be a probability in [0, 1), got 1.5."),
+    ("--mix_l2_coef", "-1", "--mix_l2_coef must be a number >= 0, got -1.0."),
+    ("--head_lstm_layers", "0", "--head_lstm_layers must be a positive integer, got 0."),
+])
+def test_numbers_that_fail_mid_run_or_pass_silently_are_usage_errors(option, value, message, tmp_path, capsys):
+    # Each was a traceback once the run had started (torch's optimizer, DataLoader or modules; a ZeroDivisionError
+    # for 0 accumulation steps), or was taken without a word (a NaN norm limit turns clipping off).
+    import finetuning_cli
+
+    script = load_example("run_token_classification")
+    with pytest.raises(SystemExit) as exit_info:
+        finetuning_cli.parse_arguments(script.TokenDataArguments, script.TokenModelArguments, argv=[
+            "--model_name_or_path", "m", "--train_file", "t", "--output_dir", str(tmp_path / "o"), option, value])
+    assert exit_info.value.code == 2 and f"error: {message}" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_do_predict_with_only_a_test_file_predicts(token_example, converted_dir, fixtures_root, tmp_path):
     # TrainingArguments turns do_eval on with our per-epoch evaluation; this was refused for lack of validation data.
     output = tmp_path / "predicted"

@@ -399,6 +399,17 @@ def test_bad_labels_raise_clear_errors(converted_dir, tokenizer, conll):
         sequence(**batch, labels=torch.tensor([[0], [1]]))
 
 
+def test_from_pretrained_keywords_are_checked_as_the_config_checks_them(converted_dir):
+    # They reach the config by setattr, past ElmoConfig's checks: mix_dropout=1.5 got torch's Dropout message, a
+    # negative mix_l2_coef was taken.
+    for kwargs, message in (({"mix_dropout": 1.5}, "ElmoConfig.mix_dropout must be a probability in [0, 1), got 1.5."),
+                            ({"mix_l2_coef": -1.0}, "ElmoConfig.mix_l2_coef must be a number >= 0, got -1.0."),
+                            ({"head_crf": "false"}, "ElmoConfig.head_crf must be a bool, got 'false'.")):
+        with pytest.raises(ValueError) as error:
+            AutoModelForTokenClassification.from_pretrained(converted_dir, num_labels=3, **kwargs)
+        assert str(error.value) == message
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
