@@ -33,7 +33,9 @@ machine. OUTPUT_DIR/bilm is the pretrained biLM (an `hf-elmo pretrain` folder).
 import argparse
 import json
 import logging
+import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -241,6 +243,15 @@ def main(argv=None) -> int:
         parser.error(f"--epochs must be > 0, got {args.epochs:g}")
     if args.early_stopping_patience < 0:
         parser.error(f"--early-stopping-patience must be >= 0 (0: off), got {args.early_stopping_patience}")
+    # Checked now, not by the first head after pretraining (tens of minutes on a CPU).
+    if not math.isfinite(args.learning_rate) or not args.learning_rate > 0:
+        parser.error(f"--learning-rate must be a positive number, got {args.learning_rate}")
+    from hf_elmo import ElmoConfig
+
+    try:
+        ElmoConfig(head_lstm_dim=args.head_lstm_dim, mix_dropout=args.mix_dropout)
+    except ValueError as error:  # ElmoConfig's own checks, in this script's option names
+        parser.error(re.sub(r"ElmoConfig\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), str(error)))
     task_files = {"train": args.train_file, "valid": args.valid_file, "test": args.test_file}
     if any(task_files.values()) and not all(task_files.values()):
         parser.error("give all of --train-file, --valid-file and --test-file, or none (CoNLL-2003 English)")

@@ -118,8 +118,12 @@ def test_a_second_experiment_on_one_folder_is_refused_untouched(tmp_path):
 @pytest.mark.parametrize("option, value, message", [
     ("--epochs", "0", "--epochs must be > 0, got 0"),
     ("--early-stopping-patience", "-2", "--early-stopping-patience must be >= 0 (0: off), got -2"),
+    # The head's settings, found by the first head after pretraining (tens of minutes on a CPU) with a traceback.
+    ("--learning-rate", "-1", "--learning-rate must be a positive number, got -1.0"),
+    ("--head-lstm-dim", "0", "--head-lstm-dim must be a positive integer or None, got 0."),
+    ("--mix-dropout", "1.5", "--mix-dropout must be a probability in [0, 1), got 1.5."),
 ])
-def test_a_training_length_below_its_bound_is_a_usage_error(tmp_path, capsys, option, value, message):
+def test_a_head_setting_out_of_its_range_is_a_usage_error(tmp_path, capsys, option, value, message):
     with pytest.raises(SystemExit) as stopped:
         load_example("downstream_ner").main(["--output-dir", str(tmp_path / "o"), option, value])
     assert stopped.value.code == 2 and f"error: {message}" in capsys.readouterr().err
