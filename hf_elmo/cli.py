@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--int8", action="store_true",
                        help="run the biLM with int8 weights (CPU only): a quarter of their memory, faster for large "
                        "models; the vectors differ slightly from the fp32 model's (README, 'int8 weights').")
-    embed.add_argument("--device", default=None,
+    embed.add_argument("--device", type=device_argument, default=None,
                        help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available, else cpu).")
     embed.add_argument("--overwrite", action="store_true",
                        help="replace OUTPUT if it is an HDF5 file written by hf-elmo embed (never INPUT).")
@@ -219,6 +219,27 @@ def build_parser() -> argparse.ArgumentParser:
     # Its options belong to hf_elmo.pretraining: everything after the word is passed on untouched.
     commands.add_parser("pretrain", help=PRETRAIN_HELP, add_help=False, prefix_chars="\0")
     return parser
+
+
+def device_argument(text: str) -> str:
+    """
+    argparse's type for --device: a torch device this machine can run a model on, else a usage error (moving the
+    model failed with torch's traceback: "Torch not compiled with CUDA enabled", "Cannot copy out of meta tensor").
+    """
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise argparse.ArgumentTypeError(f"{text}: this machine has {count} CUDA GPU(s) that torch can use; "
+                                             "pass cpu (or leave --device out)")
+    elif not (device.type == "cpu" or (device.type == "mps" and torch.backends.mps.is_available())):
+        raise argparse.ArgumentTypeError(f"{text}: not a device this machine can run the model on (cpu, cuda, cuda:N)")
+    return text
 
 
 def positive_int(text: str) -> int:

@@ -104,6 +104,22 @@ def test_pretrain_numbers_torch_would_refuse_mid_run_are_usage_errors(option, va
     assert not (tmp_path / "o").exists()
 
 
+def test_embed_device_the_machine_lacks_is_a_usage_error(tmp_path, capsys):
+    # Moving the model failed with torch's traceback ("Torch not compiled with CUDA enabled", "Cannot copy out of
+    # meta tensor"); nothing tells a user which devices there are.
+    cases = [("bogus", "argument --device: 'bogus' is not a torch device (e.g. cpu, cuda, cuda:1)"),
+             ("meta", "argument --device: meta: not a device this machine can run the model on (cpu, cuda, cuda:N)"),
+             ("cuda:99", "argument --device: cuda:99: this machine has ")]
+    if not torch.cuda.is_available():
+        cases.append(("cuda", "argument --device: cuda: this machine has 0 CUDA GPU(s) that torch can use; pass cpu "
+                              "(or leave --device out)"))
+    for device, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.hdf5"), "--device", device])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, device
+    assert os.listdir(tmp_path) == []
+
+
 HEAVY_IMPORTS = """
 import json, sys
 from hf_elmo.cli import main
