@@ -244,8 +244,8 @@ def main(argv=None) -> int:
     if args.early_stopping_patience < 0:
         parser.error(f"--early-stopping-patience must be >= 0 (0: off), got {args.early_stopping_patience}")
     # Checked now, not by the first head after pretraining (tens of minutes on a CPU).
-    if not math.isfinite(args.learning_rate) or not args.learning_rate > 0:
-        parser.error(f"--learning-rate must be a positive number, got {args.learning_rate}")
+    if not math.isfinite(args.learning_rate) or not args.learning_rate >= 0:
+        parser.error(f"--learning-rate must be a non-negative number, got {args.learning_rate}")
     from hf_elmo import ElmoConfig
 
     try:

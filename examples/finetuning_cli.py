@@ -296,7 +296,7 @@ def check_numbers(model, training, parser) -> None:
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
         if getattr(training, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(training, name)}")
-    for name, positive in (("learning_rate", True), ("weight_decay", False), ("max_grad_norm", False)):
+    for name, positive in (("learning_rate", False), ("weight_decay", False), ("max_grad_norm", False)):
         value = getattr(training, name)
         if not math.isfinite(value) or not (value > 0 if positive else value >= 0):
             parser.error(f"--{name} must be a {'positive' if positive else 'non-negative'} number, got {value}")

@@ -256,7 +256,7 @@ def check_args(args, parser) -> None:
     if args.learning_rate is None:
         args.learning_rate = DEFAULT_LEARNING_RATES[args.optimizer]
     # Checked here, not by torch's optimizer when the run has started ("Invalid learning rate: -1.0", a traceback).
-    for name, positive in (("loss_scale", True), ("learning_rate", True), ("adagrad_initial_accumulator", False),
+    for name, positive in (("loss_scale", True), ("learning_rate", False), ("adagrad_initial_accumulator", False),
                            ("weight_decay", False)):
         value = getattr(args, name)
         if not math.isfinite(value) or not (value > 0 if positive else value >= 0):

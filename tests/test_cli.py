@@ -86,8 +86,8 @@ def test_pretrain_help_and_usage_errors_are_its_own(capsys):
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("--learning-rate", "-1", "--learning-rate must be a positive number, got -1.0"),
-    ("--learning-rate", "nan", "--learning-rate must be a positive number, got nan"),
+    ("--learning-rate", "-1", "--learning-rate must be a non-negative number, got -1.0"),
+    ("--learning-rate", "nan", "--learning-rate must be a non-negative number, got nan"),
     ("--adagrad-initial-accumulator", "-0.5", "--adagrad-initial-accumulator must be a non-negative number, got -0.5"),
     ("--weight-decay", "-0.01", "--weight-decay must be a non-negative number, got -0.01"),
     ("--max-grad-norm", "nan", "--max-grad-norm, --num-workers and --data-timeout must be >= 0"),

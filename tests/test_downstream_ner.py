@@ -119,7 +119,7 @@ def test_a_second_experiment_on_one_folder_is_refused_untouched(tmp_path):
     ("--epochs", "0", "--epochs must be > 0, got 0"),
     ("--early-stopping-patience", "-2", "--early-stopping-patience must be >= 0 (0: off), got -2"),
     # The head's settings, found by the first head after pretraining (tens of minutes on a CPU) with a traceback.
-    ("--learning-rate", "-1", "--learning-rate must be a positive number, got -1.0"),
+    ("--learning-rate", "-1", "--learning-rate must be a non-negative number, got -1.0"),
     ("--head-lstm-dim", "0", "--head-lstm-dim must be a positive integer or None, got 0."),
     ("--mix-dropout", "1.5", "--mix-dropout must be a probability in [0, 1), got 1.5."),
 ])

@@ -742,7 +742,7 @@ def test_trackers_optimizers_and_settings_the_trainer_refuses_are_usage_errors(t
 
 
 @pytest.mark.parametrize("option, value, message", [
-    ("--learning_rate", "-1", "--learning_rate must be a positive number, got -1.0"),
+    ("--learning_rate", "-1", "--learning_rate must be a non-negative number, got -1.0"),
     ("--weight_decay", "-0.5", "--weight_decay must be a non-negative number, got -0.5"),
     ("--max_grad_norm", "nan", "--max_grad_norm must be a non-negative number, got nan"),
     ("--per_device_train_batch_size", "0", "--per_device_train_batch_size must be >= 1, got 0"),
