@@ -33,7 +33,6 @@ machine. OUTPUT_DIR/bilm is the pretrained biLM (an `hf-elmo pretrain` folder).
 import argparse
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -45,7 +44,7 @@ import time
 
 # The 5.2M-parameter biLM a 2-core CPU pretrains in about 45 minutes (plain data: no torch at import).
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG
-from hf_elmo.cli import positive_int  # counts of at least 1 (0 meant every sentence, -3 a KeyError)
+from hf_elmo.cli import number_error, positive_int  # positive_int: 0 meant every sentence, -3 a KeyError
 from hf_elmo.finetuning import HEAD_MAX_EPOCHS, HEAD_MIN_EPOCHS, HEAD_MIN_STEPS, HEAD_PATIENCE
 from hf_elmo.safe_output import OutputLock, sibling_lock_file
 from hf_elmo.threads import keep_compiled_code_in_user_cache, threads_argument
@@ -244,8 +243,8 @@ def main(argv=None) -> int:
     if args.early_stopping_patience < 0:
         parser.error(f"--early-stopping-patience must be >= 0 (0: off), got {args.early_stopping_patience}")
     # Checked now, not by the first head after pretraining (tens of minutes on a CPU).
-    if not math.isfinite(args.learning_rate) or not args.learning_rate >= 0:
-        parser.error(f"--learning-rate must be a non-negative number, got {args.learning_rate}")
+    if number_error("--learning-rate", args.learning_rate):
+        parser.error(number_error("--learning-rate", args.learning_rate))
     from hf_elmo import ElmoConfig
 
     try:

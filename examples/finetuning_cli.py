@@ -15,7 +15,6 @@ The data readers, metrics and the layer-weight plot they use are the package's (
 import argparse
 import json
 import logging
-import math
 import os
 import pickle
 import re
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 from transformers import EarlyStoppingCallback, HfArgumentParser, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy
 
+from hf_elmo.cli import number_error
 from hf_elmo.finetuning import (
     HEAD_MAX_EPOCHS,
     HEAD_MIN_EPOCHS,
@@ -296,10 +296,9 @@ def check_numbers(model, training, parser) -> None:
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
         if getattr(training, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(training, name)}")
-    for name, positive in (("learning_rate", False), ("weight_decay", False), ("max_grad_norm", False)):
-        value = getattr(training, name)
-        if not math.isfinite(value) or not (value > 0 if positive else value >= 0):
-            parser.error(f"--{name} must be a {'positive' if positive else 'non-negative'} number, got {value}")
+    for name in ("learning_rate", "weight_decay", "max_grad_norm"):
+        if number_error(f"--{name}", getattr(training, name)):
+            parser.error(number_error(f"--{name}", getattr(training, name)))
 
 
 def check_trainer_packages(training, parser) -> None:

@@ -11,15 +11,15 @@
 
 (`hf-elmo-pretrain` and `examples/pretrain_elmo.py` are older names of the same program.)
 
-The corpus is plain text, one sentence per line, in any number of shards (globs), or a `datasets` dataset
-exported once into such files, or read as a stream with --streaming (hf_elmo.pretraining_datasets). It is read a
-shuffle window at a time, so it may be larger than memory. Batches are whole sentences, each read from a zero LSTM
-state (see hf_elmo.pretraining_data for why this and not bilm-tf's stateful 20-token windows). The objective is
-bilm-tf's: forward and backward LM losses over a frequency-sorted word vocabulary, one softmax shared by both
-directions, a sampled softmax with 8192 log-uniform negatives in training, the full softmax for evaluation. So is the recipe, by default: a new model
-starts from bilm-tf's initialisers, dropout 0.1 on every LSTM layer's input and on the top layer, the gradient
-of the mean loss x 20 (bilm-tf's unroll_steps), clipped to a global norm of 10, and Adagrad (lr 0.2, initial
-accumulator 1.0).
+The corpus is plain text, one sentence per line, in any number of shards (globs), or a `datasets` dataset exported
+once into such files, or read as a stream with --streaming (hf_elmo.pretraining_datasets). It is read a shuffle
+window at a time, so it may be larger than memory. Batches are whole sentences, each read from a zero LSTM state
+(see hf_elmo.pretraining_data for why this and not bilm-tf's stateful 20-token windows). The objective is bilm-tf's:
+forward and backward LM losses over a frequency-sorted word vocabulary, one softmax shared by both directions, a
+sampled softmax with 8192 log-uniform negatives in training, the full softmax for evaluation. So is the recipe, by
+default: a new model starts from bilm-tf's initialisers, dropout 0.1 on every LSTM layer's input and on the top
+layer, the gradient of the mean loss x 20 (bilm-tf's unroll_steps), clipped to a global norm of 10, and Adagrad (lr
+0.2, initial accumulator 1.0).
 
 OUTPUT_DIR ends up holding the final model (`AutoModel.from_pretrained(OUTPUT_DIR)` gives the biLM,
 `AutoModelForPreTraining` the biLM with its softmax), the tokenizer with the vocabulary (vocab.txt, bilm-tf's
@@ -29,8 +29,8 @@ eval_results.json. Export the biLM for bilm-tf with conversion/convert_hf_to_bil
 """
 
 import argparse
-import math
 
+from .cli import number_error
 from .elmo_presets import ELMO_PRESETS
 from .threads import THREADS_HELP, threads_argument
 
@@ -258,10 +258,8 @@ def check_args(args, parser) -> None:
     # Checked here, not by torch's optimizer when the run has started ("Invalid learning rate: -1.0", a traceback).
     for name, positive in (("loss_scale", True), ("learning_rate", False), ("adagrad_initial_accumulator", False),
                            ("weight_decay", False)):
-        value = getattr(args, name)
-        if not math.isfinite(value) or not (value > 0 if positive else value >= 0):
-            parser.error(f"--{name.replace('_', '-')} must be a {'positive' if positive else 'non-negative'} number, "
-                         f"got {value}")
+        if number_error(f"--{name.replace('_', '-')}", getattr(args, name), positive):
+            parser.error(number_error(f"--{name.replace('_', '-')}", getattr(args, name), positive))
     if not 0 <= args.dropout < 1:
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.training_step == "captured" and captured_step_unsupported(args):
