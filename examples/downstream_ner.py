@@ -44,8 +44,9 @@ import time
 
 # The 5.2M-parameter biLM a 2-core CPU pretrains in about 45 minutes (plain data: no torch at import).
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG
-from hf_elmo.cli import number_error, positive_int  # positive_int: 0 meant every sentence, -3 a KeyError
+from hf_elmo.cli import positive_int  # counts of at least 1 (0 meant every sentence, -3 a KeyError)
 from hf_elmo.finetuning import HEAD_MAX_EPOCHS, HEAD_MIN_EPOCHS, HEAD_MIN_STEPS, HEAD_PATIENCE
+from hf_elmo.option_checks import number_error
 from hf_elmo.safe_output import OutputLock, sibling_lock_file
 from hf_elmo.threads import keep_compiled_code_in_user_cache, threads_argument
 

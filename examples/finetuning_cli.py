@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from transformers import EarlyStoppingCallback, HfArgumentParser, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import IntervalStrategy
 
-from hf_elmo.cli import number_error
 from hf_elmo.finetuning import (
     HEAD_MAX_EPOCHS,
     HEAD_MIN_EPOCHS,
@@ -36,6 +35,7 @@ from hf_elmo.finetuning import (
     head_training_rule,
     plot_layer_weights,
 )
+from hf_elmo.option_checks import number_error
 from hf_elmo.publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, SOURCE_FILE, folder_model_card
 from hf_elmo.safe_output import (
     OutputError,

@@ -10,7 +10,6 @@ Run `hf-elmo COMMAND --help` for the options of each command.
 """
 
 import argparse
-import math
 import logging
 import os
 import shutil
@@ -241,13 +240,6 @@ def device_argument(text: str) -> str:
     elif not (device.type == "cpu" or (device.type == "mps" and torch.backends.mps.is_available())):
         raise argparse.ArgumentTypeError(f"{text}: not a device this machine can run the model on (cpu, cuda, cuda:N)")
     return text
-
-
-def number_error(option: str, value: float, positive: bool = False) -> str | None:
-    """The usage error of a number option that must be finite and > 0 (`positive`) or >= 0, or None when it is."""
-    if math.isfinite(value) and (value > 0 if positive else value >= 0):
-        return None
-    return f"{option} must be a {'positive' if positive else 'non-negative'} number, got {value}"
 
 
 def positive_int(text: str) -> int:

@@ -30,8 +30,8 @@ eval_results.json. Export the biLM for bilm-tf with conversion/convert_hf_to_bil
 
 import argparse
 
-from .cli import number_error
 from .elmo_presets import ELMO_PRESETS
+from .option_checks import number_error
 from .threads import THREADS_HELP, threads_argument
 
 
