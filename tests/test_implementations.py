@@ -926,7 +926,7 @@ def pretraining_gradients(model, ids, labels, implementation, autocast_dtype=Non
     with torch.autocast(ids.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
         loss = model(ids, labels=labels).loss
     (loss * 20).backward()
-    return float(loss), {name: p.grad.to_dense().float().clone() for name, p in model.named_parameters()
+    return loss.item(), {name: p.grad.to_dense().float().clone() for name, p in model.named_parameters()
                          if p.grad is not None}
 
 
