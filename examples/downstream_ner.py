@@ -244,8 +244,8 @@ def main(argv=None) -> int:
     if args.early_stopping_patience < 0:
         parser.error(f"--early-stopping-patience must be >= 0 (0: off), got {args.early_stopping_patience}")
     # Checked now, not by the first head after pretraining (tens of minutes on a CPU).
-    if number_error("--learning-rate", args.learning_rate):
-        parser.error(number_error("--learning-rate", args.learning_rate))
+    if error := number_error("--learning-rate", args.learning_rate):
+        parser.error(error)
     from hf_elmo import ElmoConfig
 
     try:

@@ -258,8 +258,11 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
         parser.error("give the data: --train_file (and --validation_file, --test_file), or --dataset_name")
     if data.dataset_name and (data.train_file or data.validation_file or data.test_file):
         parser.error("--dataset_name and --train_file / --validation_file / --test_file are exclusive")
-    for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
-        value = getattr(data, name)
+    # Counts: the sample limits may be None (all); batch sizes and accumulation steps of 0 failed mid-run.
+    for options, name in ((data, "max_train_samples"), (data, "max_eval_samples"), (data, "max_predict_samples"),
+                          (training, "per_device_train_batch_size"), (training, "per_device_eval_batch_size"),
+                          (training, "gradient_accumulation_steps")):
+        value = getattr(options, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
     if threads_error(training.threads):
@@ -284,8 +287,8 @@ def parse_arguments(data_arguments, model_arguments=ModelArguments, argv=None, d
 def check_numbers(model, training, parser) -> None:
     """
     The head options, as ElmoConfig checks them, and the training numbers that torch would refuse only once the run
-    has started (a learning rate of -1, a batch of 0 sentences), or take without a word (a NaN gradient-norm limit
-    turns clipping off, a negative weight decay or L2 penalty pushes weights away).
+    has started (a learning rate of -1), or take without a word (a NaN gradient-norm limit turns clipping off, a
+    negative weight decay or L2 penalty pushes weights away).
     """
     from hf_elmo import ElmoConfig
 
@@ -293,12 +296,9 @@ def check_numbers(model, training, parser) -> None:
         ElmoConfig(**model.head_options())
     except ValueError as error:
         parser.error(str(error).replace("ElmoConfig.", "--"))
-    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
-        if getattr(training, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(training, name)}")
     for name in ("learning_rate", "weight_decay", "max_grad_norm"):
-        if number_error(f"--{name}", getattr(training, name)):
-            parser.error(number_error(f"--{name}", getattr(training, name)))
+        if error := number_error(f"--{name}", getattr(training, name)):
+            parser.error(error)
 
 
 def check_trainer_packages(training, parser) -> None:

@@ -226,9 +226,10 @@ def captured_step_unsupported(args, mixed_precision: str | None = None) -> str |
 def check_args(args, parser) -> None:
     for name in ("max_steps", "batch_size", "gradient_accumulation_steps", "logging_steps", "eval_steps",
                  "save_steps", "eval_batch_size", "max_sentence_words", "shuffle_window", "save_total_limit",
-                 "min_count"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+                 "min_count", "max_vocab_size", "eval_max_sentences"):
+        value = getattr(args, name)  # the last two may be None: no limit
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if bool(args.train_files) == bool(args.dataset_name):
         parser.error("give the training text: --train-files, or --dataset-name (not both)")
     dataset_options = [o for o in ("dataset_config", "dataset_revision", "text_column", "eval_split", "eval_fraction")
@@ -246,9 +247,6 @@ def check_args(args, parser) -> None:
         parser.error("--vocab-sentences goes with --build-vocab and must be >= 1")
     if args.vocab and args.build_vocab:
         parser.error("--vocab and --build-vocab are exclusive: use a vocabulary file, or build one")
-    for name in ("max_vocab_size", "eval_max_sentences"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if (args.num_softmax_samples < 0 or args.warmup_steps < 0 or not args.max_grad_norm >= 0 or args.num_workers < 0
             or not args.data_timeout >= 0):
         parser.error("--num-softmax-samples, --warmup-steps, --max-grad-norm, --num-workers and --data-timeout must "
@@ -258,8 +256,8 @@ def check_args(args, parser) -> None:
     # Checked here, not by torch's optimizer when the run has started ("Invalid learning rate: -1.0", a traceback).
     for name, positive in (("loss_scale", True), ("learning_rate", False), ("adagrad_initial_accumulator", False),
                            ("weight_decay", False)):
-        if number_error(f"--{name.replace('_', '-')}", getattr(args, name), positive):
-            parser.error(number_error(f"--{name.replace('_', '-')}", getattr(args, name), positive))
+        if error := number_error(f"--{name.replace('_', '-')}", getattr(args, name), positive):
+            parser.error(error)
     if not 0 <= args.dropout < 1:
         parser.error(f"--dropout must be in [0, 1), got {args.dropout}")
     if args.training_step == "captured" and captured_step_unsupported(args):
