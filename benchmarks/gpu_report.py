@@ -7,9 +7,10 @@
 Needs only the repository and its dependencies (torch, transformers, accelerate; no `datasets`, no network):
 `--text` is one sentence per line of real running text, carried with the repository (the default, the Wikipedia
 sample of `hf_elmo.testing_utils`, is fetched with pip and so needs the network or a warm cache). Sections, in
-order, each with its wall time (and on stderr as a JSON line the moment it ends, so a run killed at a lease's limit
-keeps what it measured); one that fails records its error and the report goes on; once `--budget-s` is spent the
-rest are listed as skipped:
+order (or `--only`'s), each with its wall time (and on stderr as a JSON line the moment it ends, as is each benchmark
+run inside a section, so a run killed at a lease's limit keeps what it measured); one that fails records its error and
+the report goes on; once `--budget-s` is spent the rest are listed as skipped, and a benchmark run still going a
+minute after it is stopped:
 
 - `environment`: versions, the GPU, the commit.
 - `cuda_tests`: the suite's CUDA tests (`pytest -k cuda` on the implementation and golden tests).
@@ -39,12 +40,12 @@ rest are listed as skipped:
 - `data_parallel`: with N > 1 GPUs, `bench_pretrain.py` (small, bf16, 128 sentences a process) in one process and
   under `accelerate launch --multi_gpu --num_processes N`: tokens/s per GPU for each, and their ratio; with one GPU
   (or `--smoke`) it records that it skipped and why.
-- `inference`: `bench_inference.py`, small and original, bf16 at batches 64 and 256, with the largest difference
-  from the reference implementation (fp32 at batch 64 is left out: on the H200 the host bounded both dtypes
-  there, 30.5k against 30.0k tokens/s for small); and `side_by_side.py --device cuda` at batch 256:
-  hf_elmo and AllenNLP 0.9.0 in fp32 on the same GPU, weights and words, with the ratio and the largest difference
-  (the peer needs the allennlp wheel, carried in $HF_ELMO_TEST_CACHE on a machine without network; without it the
-  report records the peer's one-line error).
+- `inference`: first `side_by_side.py --device cuda` at batch 256: hf_elmo and AllenNLP 0.9.0 in fp32 on the same
+  GPU, weights and words, with the ratio and the largest difference (the peer needs the allennlp wheel, carried in
+  $HF_ELMO_TEST_CACHE on a machine without network; without it the report records the peer's one-line error); then
+  `bench_inference.py`, small and original, bf16 at batches 64 and 256, with the largest difference from the
+  reference implementation (fp32 at batch 64 is left out: on the H200 the host bounded both dtypes there, 30.5k
+  against 30.0k tokens/s for small).
 
 `--smoke` runs every section on the CPU with tiny shapes and a few steps (the test suite runs it, so that the
 report cannot rot); its figures mean nothing.
@@ -94,6 +95,8 @@ class Setting:
         self.words = (3, 6) if args.smoke else (22, 30)
         self.vocab_size, self.samples = (300, 64) if args.smoke else (16384, 8192)
         self.steps = 2 if args.smoke else 5
+        # A benchmark subprocess still running a minute after the budget is stopped: the report ends near it.
+        self.deadline = time.perf_counter() + args.budget_s + 60
 
     def config(self, **extra) -> ElmoConfig:
         if self.smoke:
@@ -362,7 +365,8 @@ def captured_step(setting: Setting) -> dict:
         step.accumulate(batch)
         step.update()
     setting.synchronize()
-    if setting.device.type == "cuda":
+    if setting.device.type == "cuda":  # the steady steps must not grow the memory: read before and after them
+        memory_before = torch.cuda.memory_allocated() / 2**20
         caught = []
         torch.cuda.set_sync_debug_mode("warn")
         try:
@@ -376,6 +380,9 @@ def captured_step(setting: Setting) -> dict:
         syncs = [w for w in caught if "synchroniz" in str(w.message)]
         result["host_syncs_per_step"] = len(syncs) / setting.steps
         result["host_sync_kinds"] = sorted({str(w.message).splitlines()[0][:160] for w in syncs})
+        setting.synchronize()
+        result["memory_allocated_mib_before_after_steady_steps"] = [
+            round(memory_before, 1), round(torch.cuda.memory_allocated() / 2**20, 1)]
     else:
         with HostDataReads() as recorded:
             for batch in batches[3:]:
@@ -438,18 +445,31 @@ def profiled_step(setting: Setting) -> dict:
     return result
 
 
-def benchmark_lines(script: str, runs: list[list[str]]) -> list[dict]:
-    """Run `script` once per argument list; each run's JSON line (machine description dropped), or its error."""
+def benchmark_lines(script: str, runs: list[list[str]], deadline: float | None = None) -> list[dict]:
+    """Run `script` once per argument list; each run's JSON line (machine description dropped), or its error. Each
+    line also goes to stderr as its run ends (a section of several runs killed at a lease's limit keeps those that
+    ended). A run still going at `deadline` (time.perf_counter()) is stopped and recorded as such, and the runs after
+    it are skipped."""
     lines = []
     for extra in runs:
-        done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *extra], cwd=REPO_ROOT,
-                              capture_output=True, text=True)
-        if done.returncode:
-            lines.append({"args": extra, "error": (done.stderr.strip().splitlines() or ["(no output)"])[-1]})
-            continue
-        line = json.loads(done.stdout.strip().splitlines()[-1])
-        line.pop("machine", None)
-        lines.append({"args": extra, **line})
+        left = None if deadline is None else deadline - time.perf_counter()
+        if left is not None and left <= 0:
+            line = {"args": extra, "skipped": "the report's budget was spent"}
+        else:
+            try:
+                done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *extra], cwd=REPO_ROOT,
+                                      capture_output=True, text=True, timeout=left)
+            except subprocess.TimeoutExpired:
+                line = {"args": extra, "error": f"stopped at the report's budget, after {left:.0f} s"}
+            else:
+                if done.returncode:
+                    line = {"args": extra, "error": (done.stderr.strip().splitlines() or ["(no output)"])[-1]}
+                else:
+                    line = json.loads(done.stdout.strip().splitlines()[-1])
+                    line.pop("machine", None)
+                    line = {"args": extra, **line}
+        print(json.dumps({"run": script, **line}, default=str), file=sys.stderr, flush=True)
+        lines.append(line)
     return lines
 
 
@@ -466,12 +486,16 @@ def pretraining(setting: Setting) -> dict:
         common = ["--device", "cuda", "--batch-size", "128", "--steps", "10", "--warmup-steps", "6",
                   "--profile-steps", "2", "--pipeline-epochs", "1", "--mixed-precision", "bf16",
                   "--max-sentence-words", "24", *text]
-        runs = [[*config, *vocab, *common] for config in (["--config", "small"], ["--config", "original"])
-                for vocab in ([], ["--vocab-size", str(BILM_TF_1B_WORD_VOCAB)])]
+        # The issue's two targets first (small at the text's vocabulary, original at bilm-tf's), then the others.
+        big = ["--vocab-size", str(BILM_TF_1B_WORD_VOCAB)]
+        runs = [[*config, *vocab, *common] for config, vocab in ((["--config", "small"], []),
+                                                                 (["--config", "original"], big),
+                                                                 (["--config", "original"], []),
+                                                                 (["--config", "small"], big))]
     keep = ("config", "vocab_size", "training_step", "softmax_gradient", "tokens_per_s", "steps_that_compiled",
             "compile_s", "graphs", "peak_memory_mib", "split_s_per_step", "error", "args")
-    return {"runs": [{k: v for k, v in line.items() if k in keep} for line in benchmark_lines("bench_pretrain.py",
-                                                                                             runs)]}
+    lines = benchmark_lines("bench_pretrain.py", runs, setting.deadline)
+    return {"runs": [{k: v for k, v in line.items() if k in keep} for line in lines]}
 
 
 def data_parallel(setting: Setting) -> dict:
@@ -482,7 +506,7 @@ def data_parallel(setting: Setting) -> dict:
     text = ["--text", setting.text] if setting.text else []
     common = ["--config", "small", "--device", "cuda", "--batch-size", "128", "--steps", "10", "--warmup-steps", "3",
               "--profile-steps", "1", "--pipeline-epochs", "1", "--mixed-precision", "bf16", *text]
-    (one,) = benchmark_lines("bench_pretrain.py", [common])
+    (one,) = benchmark_lines("bench_pretrain.py", [common], setting.deadline)
     launch = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes",
               str(gpus), "--num_machines", "1", "--mixed_precision", "bf16", "--dynamo_backend", "no",
               os.path.join(BENCHMARKS, "bench_pretrain.py"), *common]
@@ -498,6 +522,19 @@ def data_parallel(setting: Setting) -> dict:
 
 def inference(setting: Setting) -> dict:
     text = ["--text", setting.text] if setting.text else []
+    # AllenNLP 0.9.0 on the same device, weights and words (fp32), through side_by_side.py, first (the target of
+    # issue 44): hf_elmo's fp32 figures at batch 256 come from there. Then bf16 alone, at batches 64 and 256.
+    if setting.smoke:
+        compare = ["--configs", "tiny", "--synthetic", "--n-sentences", "8", "--batch-size", "4", "--repeats", "1",
+                   "--device", "cpu"]
+    else:
+        compare = ["--configs", "small", "original", "--batch-size", "256", "--n-sentences", "1024", "--device",
+                   "cuda", *text]
+    (line,) = benchmark_lines("side_by_side.py", [[*compare, "--rounds", "1", "--wait-quiet", "0"]], setting.deadline)
+    keep = ("tokens_per_s", "ratio_of_medians", "max_abs_diff_vs_allennlp", "peak_gpu_memory_mib_max",
+            "peak_rss_mib_max")
+    result = {"allennlp": {k: line[k] for k in ("error", "skipped") if k in line} or {
+        config: {k: v for k, v in figures.items() if k in keep} for config, figures in line["configs"].items()}}
     if setting.smoke:
         from hf_elmo.testing_utils import bilm_tf_fixture_dir
 
@@ -508,20 +545,7 @@ def inference(setting: Setting) -> dict:
     else:
         runs = [["--config", config, "--device", "cuda", "--dtype", "bf16", "--batch-size", str(batch),
                  "--n-sentences", str(4 * batch), *text] for config in ("small", "original") for batch in (64, 256)]
-    result = {"runs": benchmark_lines("bench_inference.py", runs)}
-    # AllenNLP 0.9.0 on the same device, weights and words (fp32), through side_by_side.py: hf_elmo's fp32 figures
-    # at batch 256 come from there.
-    if setting.smoke:
-        compare = ["--configs", "tiny", "--synthetic", "--n-sentences", "8", "--batch-size", "4", "--repeats", "1",
-                   "--device", "cpu"]
-    else:
-        compare = ["--configs", "small", "original", "--batch-size", "256", "--n-sentences", "1024", "--device",
-                   "cuda", *text]
-    (line,) = benchmark_lines("side_by_side.py", [[*compare, "--rounds", "1", "--wait-quiet", "0"]])
-    keep = ("tokens_per_s", "ratio_of_medians", "max_abs_diff_vs_allennlp", "peak_gpu_memory_mib_max",
-            "peak_rss_mib_max")
-    result["allennlp"] = {"error": line["error"]} if "error" in line else {
-        config: {k: v for k, v in figures.items() if k in keep} for config, figures in line["configs"].items()}
+    result["runs"] = benchmark_lines("bench_inference.py", runs, setting.deadline)
     return result
 
 
@@ -538,17 +562,18 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="every section on the CPU with tiny shapes")
     parser.add_argument("--text", help="real running text, one sentence per line (default: the Wikipedia sample)")
     parser.add_argument("--budget-s", type=float, default=330.0,
-                        help="seconds after which the remaining sections are skipped (default 330: so that the "
-                        "report ends in about 6 minutes, and a 15-minute GPU lease holds a run and a rerun)")
-    parser.add_argument("--only", nargs="+", choices=list(SECTIONS), help="run these sections only")
+                        help="seconds after which the remaining sections are skipped, and a benchmark run still going a "
+                        "minute later is stopped (default 330: so that the report ends in about 6 minutes, and a "
+                        "15-minute GPU lease holds a run and a rerun)")
+    parser.add_argument("--only", nargs="+", choices=list(SECTIONS),
+                        help="run these sections only, in the order given (the most wanted first, inside the budget)")
     args = parser.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         parser.error("no CUDA device is available; --smoke runs the report's code on the CPU")
     setting = Setting(args)
     report, start = {"report": "gpu_report", "smoke": args.smoke, "sections": {}}, time.perf_counter()
-    for name, section in SECTIONS.items():
-        if args.only and name not in args.only:
-            continue
+    for name in args.only or SECTIONS:
+        section = SECTIONS[name]
         if time.perf_counter() - start > args.budget_s:
             report["sections"][name] = {"skipped": f"the {args.budget_s:g} s budget was spent"}
             continue
