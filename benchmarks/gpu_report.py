@@ -462,8 +462,10 @@ def benchmark_lines(script: str, runs: list[list[str]], deadline: float | None =
             except subprocess.TimeoutExpired:
                 line = {"args": extra, "error": f"stopped at the report's budget, after {left:.0f} s"}
             else:
-                if done.returncode:
-                    line = {"args": extra, "error": (done.stderr.strip().splitlines() or ["(no output)"])[-1]}
+                if done.returncode:  # torch's errors end in advice: the line that names the error is kept too
+                    error_lines = done.stderr.strip().splitlines() or ["(no output)"]
+                    named = [l for l in error_lines if l and not l[0].isspace() and ("Error" in l or "Unsupported" in l)]
+                    line = {"args": extra, "error": " / ".join(dict.fromkeys([*named[-1:], error_lines[-1]]))[:2000]}
                 else:
                     line = json.loads(done.stdout.strip().splitlines()[-1])
                     line.pop("machine", None)
