@@ -298,8 +298,8 @@ def main():
     parser.add_argument("--mixed-precision", choices=("bf16", "no"), default="no")
     parser.add_argument("--training-step", choices=("auto", "captured", "eager"), default="auto",
                         help="hf-elmo pretrain's --training-step (default: %(default)s: captured on a GPU)")
-    parser.add_argument("--compile-backend", choices=("inductor", "aot_eager"), default="inductor",
-                        help="the captured step's (default: %(default)s)")
+    parser.add_argument("--compile-backend", choices=("none", "inductor", "aot_eager"), default="none",
+                        help="hf-elmo pretrain's --compile-backend for the captured step (default: %(default)s)")
     parser.add_argument("--max-sentence-words", type=int, default=100,
                         help="lines are cut into pieces of at most this many words, as hf-elmo pretrain's option "
                         "(default: %(default)s); fewer lengths are fewer graphs for the captured step to compile")

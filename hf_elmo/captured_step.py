@@ -26,6 +26,15 @@ those from before the bad step.
 Shapes come from a small fixed set (`BatchEncoder`'s `pad_rows_to` and `pad_to_multiple_of`): every batch has the
 same rows, rows without words predict nothing (`ElmoForPreTraining.lm_targets`), and a run compiles one
 `accumulate` graph per length bucket and one `update` graph.
+
+Two ways to make the graphs (`backend`):
+- a `torch.compile` backend ("inductor", "aot_eager"): each function traced whole and compiled, on a GPU replayed
+  through torch.compile's CUDA graphs ("reduce-overhead"). Inductor fuses the whole step, but compiling it takes
+  minutes per length for "original" (more than 3.5 minutes for one length on an H100, 2026-11-27): the recurrence
+  is unrolled over the words, forward and backward.
+- None: the two functions as they are (the "cuda" implementation's recurrence keeps its own compiled kernels,
+  seconds to build), recorded once per shape with `torch.cuda.CUDAGraph` and replayed (`CudaGraphs`). On the
+  CPU, which has no graphs, they run as plain calls: the code the GPU records is the code the CPU tests.
 """
 
 import contextlib
@@ -58,14 +67,18 @@ class CapturedTrainingStep:
     (not a DDP wrapper), with a dense softmax gradient; `optimizer` a `torch.optim.Adagrad` over its parameters,
     whose state (`sum`, `step`) the graphs update in place, so that checkpoints save and load it as usual.
     `autocast_dtype` (bf16 or None) is the forward's autocast. `backend` and `mode` are `torch.compile`'s; on a
-    GPU the default mode replays CUDA graphs.
+    GPU the default mode replays CUDA graphs. `backend=None` compiles nothing whole: on a GPU the two functions are
+    recorded as they are (`CudaGraphs`), on the CPU they are called as they are.
     """
 
     def __init__(self, model, optimizer, *, loss_scale: float, max_grad_norm: float | None,
                  accumulation_steps: int = 1, world_size: int = 1, autocast_dtype: torch.dtype | None = None,
-                 backend: str = "inductor", mode: str | None = None):
+                 backend: str | None = "inductor", mode: str | None = None):
         if type(optimizer) is not torch.optim.Adagrad or len(optimizer.param_groups) != 1:
             raise TypeError("the captured step runs one torch.optim.Adagrad parameter group.")
+        group = optimizer.param_groups[0]
+        if group["lr_decay"] or group["weight_decay"] or group["maximize"]:
+            raise TypeError("the captured step runs Adagrad without lr_decay, weight_decay or maximize (bilm-tf's).")
         if getattr(model.softmax, "sparse", False):
             raise ValueError("the captured step needs the softmax's dense gradient (model.softmax.sparse = False).")
         self.model, self.optimizer = model, optimizer
@@ -84,6 +97,12 @@ class CapturedTrainingStep:
         self.steps_done = torch.zeros((), dtype=torch.long, device=self.device)
         self.first_bad_step = torch.zeros((), dtype=torch.long, device=self.device)
         self.bind_optimizer_state()
+        self.builds_graphs = backend is not None or self.device.type == "cuda"  # the CPU's plain calls build none
+        if backend is None:
+            self.cuda_graphs = CudaGraphs(self) if self.device.type == "cuda" else None
+            self._accumulate, self._update = self._accumulate_eager, self._update_eager
+            return
+        self.cuda_graphs = None
         if mode is None and self.device.type == "cuda":
             mode = "reduce-overhead"
         # Static shapes: a new length bucket is a graph of its own, never a symbolic one (the recurrence is unrolled
@@ -118,8 +137,6 @@ class CapturedTrainingStep:
 
     @torch.no_grad()
     def _update_eager(self):
-        from torch.optim.adagrad import adagrad
-
         grads = self.grads
         if self.world_size > 1:  # the all-reduce summed them
             torch._foreach_mul_(grads, 1.0 / self.world_size)
@@ -133,9 +150,14 @@ class CapturedTrainingStep:
         clip = (self.max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
         clipped = [torch.where(applied, g * clip, 0.0) for g in grads]
         group = self.optimizer.param_groups[0]
-        adagrad(self.params, clipped, self.state_sums, self.state_steps, lr=group["lr"],
-                weight_decay=group["weight_decay"], lr_decay=group["lr_decay"], eps=group["eps"],
-                maximize=group["maximize"])
+        # torch.optim.Adagrad's update without lr_decay (refused in __init__), written out: torch's own reads each
+        # step count to the host for the decay (`.item()`), which a CUDA graph cannot record. The tests hold it
+        # equal to torch's.
+        torch._foreach_add_(self.state_steps, 1)
+        torch._foreach_addcmul_(self.state_sums, clipped, clipped)
+        denominators = torch._foreach_sqrt(self.state_sums)
+        torch._foreach_add_(denominators, group["eps"])
+        torch._foreach_addcdiv_(self.params, clipped, denominators, value=-group["lr"])
         self.flat_grad.zero_()
         return norm
 
@@ -143,15 +165,17 @@ class CapturedTrainingStep:
     def accumulate(self, batch: dict) -> torch.Tensor:
         """One micro-batch: its gradient added to the buffer; its (loss, forward, backward) losses, on the device."""
         shape = tuple(batch["input_ids"].shape[:2])
-        new_shape = shape not in self.shapes_compiled
-        if new_shape:  # compiling a graph takes seconds to minutes: say so, rather than seem to hang
-            logger.info("Compiling the training step for batches of %d rows x %d words", *shape)
+        new_shape = self.builds_graphs and shape not in self.shapes_compiled
+        if new_shape:  # making a graph takes seconds to minutes: say so, rather than seem to hang
+            logger.info("Building the training step's graph for batches of %d rows x %d words", *shape)
             began = time.perf_counter()
+        inputs = batch["input_ids"], batch["attention_mask"], batch["labels"]
         with compile_settings():
-            losses = self._accumulate(batch["input_ids"], batch["attention_mask"], batch["labels"])
+            losses = (self.cuda_graphs.accumulate(*inputs) if self.cuda_graphs is not None
+                      else self._accumulate(*inputs))
         if new_shape:
             self.shapes_compiled.add(shape)
-            logger.info("Compiled the training step for %d words in %.1f s (%d length(s) so far)", shape[1],
+            logger.info("Built the training step's graph for %d words in %.1f s (%d length(s) so far)", shape[1],
                         time.perf_counter() - began, len(self.shapes_compiled))
         return losses.clone()  # a CUDA graph's output is overwritten by its next replay
 
@@ -163,7 +187,7 @@ class CapturedTrainingStep:
     def update(self) -> torch.Tensor:
         """Clip, apply Adagrad, zero the buffer; the gradient norm before clipping, on the device."""
         with compile_settings():
-            return self._update().clone()
+            return (self.cuda_graphs.update() if self.cuda_graphs is not None else self._update()).clone()
 
     def steps_before_first_bad(self) -> int | None:
         """Read back (a sync: at logging steps only): None while every step was finite, else how many steps had
@@ -171,3 +195,87 @@ class CapturedTrainingStep:
         first = int(self.first_bad_step)
         return None if first == 0 else first - 1
 
+
+
+class CudaGraphs:
+    """
+    A `CapturedTrainingStep`'s two eager functions recorded as CUDA graphs (`torch.cuda.CUDAGraph`): one
+    `accumulate` graph per batch shape, one `update` graph, all in one memory pool (they never run at once, and
+    what one returns is copied out before the next replays). Before recording a function runs eagerly on a side
+    stream, as torch's documentation asks (lazy initialisation, the recurrence's own compilation); what those runs
+    add to the gradient buffer, the optimizer state and the step counters is put back, and the random state too, so
+    a recorded step is the eager step once. Where recording fails, the reason is logged once and every later call runs the function eagerly.
+    """
+
+    def __init__(self, step: "CapturedTrainingStep"):
+        self.step = step
+        self.pool = torch.cuda.graph_pool_handle()
+        self.accumulate_graphs = {}  # shape -> (graph, static inputs, static losses)
+        self.update_graph = None  # (graph, static norm)
+        self.failed = None  # why recording failed, once it has
+
+    def _kept_state(self) -> list[torch.Tensor]:
+        step = self.step
+        return [step.flat_grad, step.steps_done, step.first_bad_step, *step.state_steps]
+
+    def _warm_up_and_record(self, function, *static_inputs):
+        kept, random_state = [t.clone() for t in self._kept_state()], torch.cuda.get_rng_state()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                function(*static_inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        for tensor, value in zip(self._kept_state(), kept):
+            tensor.copy_(value)
+        torch.cuda.set_rng_state(random_state)  # the recorded step draws what the eager step would have
+        graph = torch.cuda.CUDAGraph()
+        # "thread_local": the DataLoader's pin-memory thread keeps allocating pinned host memory meanwhile, which the
+        # default ("global") would count as an unsafe call made during the recording.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            output = function(*static_inputs)
+        return graph, output
+
+    def _record_or_fall_back(self, name, record):
+        if self.failed is None:
+            try:
+                return record()
+            except Exception as error:  # an op that cannot be recorded: the same function, eagerly
+                self.failed = f"{type(error).__name__}: {error}".splitlines()[0]
+                logger.warning("Recording the %s step as a CUDA graph failed (%s); the step runs eagerly from now "
+                               "on", name, self.failed)
+        return None
+
+    def accumulate(self, input_ids, attention_mask, labels) -> torch.Tensor:
+        shape = tuple(input_ids.shape)
+        if shape not in self.accumulate_graphs and self.failed is None:
+            def record():
+                inputs = (input_ids.clone(), attention_mask.clone(), labels.clone())
+                graph, losses = self._warm_up_and_record(self.step._accumulate_eager, *inputs)
+                return graph, inputs, losses
+            recorded = self._record_or_fall_back("accumulate", record)
+            if recorded is not None:
+                self.accumulate_graphs[shape] = recorded
+        if shape not in self.accumulate_graphs:
+            return self.step._accumulate_eager(input_ids, attention_mask, labels)
+        graph, inputs, losses = self.accumulate_graphs[shape]
+        for static, value in zip(inputs, (input_ids, attention_mask, labels)):
+            static.copy_(value)
+        graph.replay()
+        return losses
+
+    def update(self) -> torch.Tensor:
+        if self.update_graph is None and self.failed is None:
+            def record():
+                gradient = self.step.flat_grad.clone()  # the warm-up updates with zero gradients: no change
+                self.step.flat_grad.zero_()
+                try:
+                    return self._warm_up_and_record(self.step._update_eager)
+                finally:
+                    self.step.flat_grad.copy_(gradient)
+            self.update_graph = self._record_or_fall_back("update", record)
+        if self.update_graph is None:
+            return self.step._update_eager()
+        graph, norm = self.update_graph
+        graph.replay()
+        return norm

@@ -497,14 +497,16 @@ class PretrainingRun:
             max_grad_norm=args.max_grad_norm, accumulation_steps=args.gradient_accumulation_steps,
             world_size=accelerator.num_processes,
             autocast_dtype=torch.bfloat16 if accelerator.mixed_precision == "bf16" else None,
-            backend=args.compile_backend,
+            backend=None if args.compile_backend == "none" else args.compile_backend,
         )
-        logger.info(
-            "Training step: captured (two graphs compiled by torch.compile, backend %s%s; batches of %d rows, "
-            "lengths padded to a multiple of %d words; dense softmax gradient)", args.compile_backend,
-            ", replayed as CUDA graphs" if accelerator.device.type == "cuda" else "", args.batch_size,
-            self.batch_encoder.pad_to_multiple_of,
-        )
+        on_gpu = accelerator.device.type == "cuda"
+        if args.compile_backend == "none":
+            how = "two functions recorded as CUDA graphs" if on_gpu else "two functions, run as plain calls on the CPU"
+        else:
+            how = (f"two graphs compiled by torch.compile, backend {args.compile_backend}"
+                   + (", replayed as CUDA graphs" if on_gpu else ""))
+        logger.info("Training step: captured (%s; batches of %d rows, lengths padded to a multiple of %d words; dense "
+                    "softmax gradient)", how, args.batch_size, self.batch_encoder.pad_to_multiple_of)
         return step
 
     def _eval_batches(self) -> list[dict]:

@@ -170,17 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=42,
                        help="seeds initialisation, data order, dropout and negatives (default: %(default)s).")
     train.add_argument("--training-step", choices=("auto", "captured", "eager"), default="auto",
-                       help="captured: each optimizer step runs as two graphs compiled whole by torch.compile "
-                       "(replayed as CUDA graphs on a GPU: the host launches a few graphs a step instead of "
-                       "thousands of kernels), batches padded to --batch-size rows and to a multiple of 8 words, "
-                       "the softmax's gradient dense; it needs Adagrad at a constant learning rate and no fp16. "
-                       "eager: the step as plain PyTorch, with the softmax's sparse gradient on a CPU. auto "
-                       "(default): captured on a GPU where the options allow it, else eager.")
-    train.add_argument("--compile-backend", choices=("inductor", "aot_eager"), default="inductor",
-                       help="torch.compile's backend for the captured step (default: %(default)s; aot_eager traces "
-                       "and checks the graphs without generating code, quick to start on a CPU). Not 'eager': with "
-                       "torch 2.13 its step keeps the step's saved tensors in reference cycles, and memory grew by "
-                       "150-200 MB a step until the kernel killed the run.")
+                       help="captured: each optimizer step runs as two graphs (on a GPU the host launches a few "
+                       "graphs a step instead of thousands of kernels), batches padded to --batch-size rows and to "
+                       "a multiple of 8 words, the softmax's gradient dense; it needs Adagrad at a constant learning "
+                       "rate and no fp16. eager: the step as plain PyTorch, with the softmax's sparse gradient on a "
+                       "CPU. auto (default): captured on a GPU where the options allow it, else eager.")
+    train.add_argument("--compile-backend", choices=("none", "inductor", "aot_eager"), default="none",
+                       help="how the captured step makes its graphs. none (default): its functions as they are, "
+                       "recorded as CUDA graphs on a GPU (seconds to start; plain calls on a CPU). inductor: each "
+                       "function compiled whole by torch.compile, kernels fused, then replayed as CUDA graphs; it "
+                       "compiles for minutes per sentence length with 'original' (over 3.5 minutes for one length "
+                       "on an H100). aot_eager: traced and checked whole without generating code, quick on a CPU. "
+                       "Not 'eager': with torch 2.13 its step keeps the step's saved tensors in reference cycles, "
+                       "and memory grew by 150-200 MB a step until the kernel killed the run.")
 
     report = parser.add_argument_group("logging, evaluation, checkpoints")
     report.add_argument("--logging-steps", type=int, default=50,

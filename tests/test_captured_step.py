@@ -131,10 +131,50 @@ def test_a_gradient_that_is_not_finite_stops_every_update_from_that_step_on():
     assert step.steps_before_first_bad() == 1
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA graphs need a GPU (gpu_report.py's cuda_tests run this)"))])
+def test_the_step_without_whole_compilation_is_one_eager_step_twice(device):
+    """backend=None: the same two functions, plain calls on the CPU, recorded CUDA graphs on a GPU (where the
+    warm-up runs before recording must leave no trace: each step is the eager step once). Two steps, the second
+    replaying the graphs recorded by the first, each against the reference implementation's eager step."""
+    torch._dynamo.reset()
+    base = pretraining_model().to(device)
+    batches = [{k: v.to(device) for k, v in encode(lengths, offset=offset).items()}
+               for lengths, offset in (([5, 3, 9, 1], 0), ([9, 2, 4, 6], 3))]
+    assert batches[0]["input_ids"].shape == batches[1]["input_ids"].shape == (5, 16, 50)
+    eager, model = copy.deepcopy(base), copy.deepcopy(base)
+    eager.set_elmo_implementation("reference")
+    eager_optimizer = adagrad(eager)
+    step = CapturedTrainingStep(model, adagrad(model), loss_scale=20.0, max_grad_norm=10.0, backend=None)
+    for batch in batches:
+        torch.manual_seed(7)
+        outputs = eager(**batch)
+        (outputs.loss * 20).backward()
+        eager_norm = clip_gradient_norm(eager.parameters(), 10.0)
+        eager_optimizer.step()
+        eager_optimizer.zero_grad()
+        torch.manual_seed(7)
+        losses = step.accumulate(batch)
+        norm = step.update()
+        expected = torch.stack([outputs.loss, outputs.forward_loss, outputs.backward_loss]).detach()
+        assert torch.allclose(losses, expected, rtol=1e-5, atol=0), (losses, expected)
+        assert relative_difference(norm, eager_norm) < 1e-5
+        assert max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), eager.parameters())) < 1e-6
+        assert max(float((step.optimizer.state[p]["sum"] - eager_optimizer.state[q]["sum"]).abs().max())
+                   for p, q in zip(model.parameters(), eager.parameters())) < 1e-4
+    assert [float(step.optimizer.state[p]["step"]) for p in list(model.parameters())[:2]] == [2.0, 2.0]
+    assert float(step.flat_grad.abs().max()) == 0.0
+    if device == "cuda":
+        assert step.cuda_graphs.failed is None and len(step.cuda_graphs.accumulate_graphs) == 1
+
+
 def test_the_captured_step_refuses_what_it_cannot_run():
     model = pretraining_model()
     with pytest.raises(TypeError, match="one torch.optim.Adagrad"):
         CapturedTrainingStep(model, torch.optim.AdamW(model.parameters()), loss_scale=1.0, max_grad_norm=1.0)
+    with pytest.raises(TypeError, match="without lr_decay, weight_decay or maximize"):
+        CapturedTrainingStep(model, torch.optim.Adagrad(model.parameters(), lr_decay=0.1), loss_scale=1.0,
+                             max_grad_norm=1.0)
     model.softmax.sparse = True
     with pytest.raises(ValueError, match="dense gradient"):
         captured(model)
@@ -147,7 +187,8 @@ def test_the_eager_compile_backend_is_refused(capsys):
         pretrain_main(["--train-files", "x.txt", "--config", "small", "--output-dir", "out", "--max-steps", "1",
                        "--compile-backend", "eager"])
     assert exit_info.value.code == 2
-    assert "--compile-backend: invalid choice: 'eager' (choose from 'inductor', 'aot_eager')" in capsys.readouterr().err
+    assert ("--compile-backend: invalid choice: 'eager' (choose from 'none', 'inductor', 'aot_eager')"
+            in capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("options, reason", [
@@ -198,21 +239,30 @@ def _pretrain(corpus, output, *extra) -> int:
     ])
 
 
-def test_a_resumed_captured_run_ends_bit_exactly_as_an_uninterrupted_one(english_corpus, tmp_path, caplog):
+@pytest.mark.parametrize("backend, how", [
+    ("aot_eager", "two graphs compiled by torch.compile, backend aot_eager"),
+    ("none", "two functions, run as plain calls on the CPU"),  # what a GPU records as CUDA graphs
+])
+def test_a_resumed_captured_run_ends_bit_exactly_as_an_uninterrupted_one(english_corpus, tmp_path, caplog, backend,
+                                                                         how):
     caplog.set_level(logging.INFO, logger="hf_elmo")
-    assert _pretrain(english_corpus, tmp_path / "whole", "--max-steps", "4", "--save-steps", "2",
-                     "--logging-steps", "2", "--mixed-precision", "bf16") == 0
-    assert "Training step: captured (two graphs compiled by torch.compile, backend aot_eager; batches of 6 rows, " \
+
+    def pretrain(output, *extra):
+        return _pretrain(english_corpus, output, "--logging-steps", "2", "--save-steps", "2", "--mixed-precision",
+                         "bf16", "--compile-backend", backend, *extra)
+
+    assert pretrain(tmp_path / "whole", "--max-steps", "4") == 0
+    assert f"Training step: captured ({how}; batches of 6 rows, " \
            "lengths padded to a multiple of 8 words; dense softmax gradient)" in caplog.text
     assert "sampled (256 negatives) softmax in training (dense gradient)" in caplog.text
     # Sentences of at most 8 words: one length, one graph to compile, and the log says when it does.
-    assert caplog.text.count("Compiling the training step for batches of 6 rows x 8 words") == 1
-    assert re.search(r"Compiled the training step for 8 words in [\d.]+ s \(1 length\(s\) so far\)", caplog.text)
-    assert _pretrain(english_corpus, tmp_path / "split", "--max-steps", "2", "--save-steps", "2",
-                     "--logging-steps", "2", "--mixed-precision", "bf16") == 0
+    builds = backend != "none"  # plain calls on the CPU build nothing
+    assert caplog.text.count("Building the training step's graph for batches of 6 rows x 8 words") == builds
+    assert bool(re.search(r"Built the training step's graph for 8 words in [\d.]+ s \(1 length\(s\) so far\)",
+                          caplog.text)) == builds
+    assert pretrain(tmp_path / "split", "--max-steps", "2") == 0
     caplog.clear()
-    assert _pretrain(english_corpus, tmp_path / "split", "--max-steps", "4", "--save-steps", "2",
-                     "--logging-steps", "2", "--mixed-precision", "bf16", "--resume") == 0
+    assert pretrain(tmp_path / "split", "--max-steps", "4", "--resume") == 0
     assert f"Resumed from {tmp_path / 'split' / 'checkpoint-2'}: step 2" in caplog.text
     whole = load_file(tmp_path / "whole" / "model.safetensors")
     split = load_file(tmp_path / "split" / "model.safetensors")
