@@ -484,7 +484,8 @@ def benchmark_lines(script: str, runs: list[list[str]], deadline: float | None =
             else:
                 if done.returncode:  # torch's errors end in advice: the line that names the error is kept too
                     error_lines = done.stderr.strip().splitlines() or ["(no output)"]
-                    named = [l for l in error_lines if l and not l[0].isspace() and ("Error" in l or "Unsupported" in l)]
+                    named = [text for text in error_lines
+                             if text[:1].strip() and ("Error" in text or "Unsupported" in text)]
                     line = {"args": extra, "error": " / ".join(dict.fromkeys([*named[-1:], error_lines[-1]]))[:2000]}
                 else:
                     line = json.loads(done.stdout.strip().splitlines()[-1])

@@ -204,7 +204,8 @@ class CudaGraphs:
     what one returns is copied out before the next replays). Before recording a function runs eagerly on a side
     stream, as torch's documentation asks (lazy initialisation, the recurrence's own compilation); what those runs
     add to the gradient buffer, the optimizer state and the step counters is put back, and the random state too, so
-    a recorded step is the eager step once. Where recording fails, the reason is logged once and every later call runs the function eagerly.
+    a recorded step is the eager step once. Where recording fails, the reason is logged once and every later call
+    runs the function eagerly.
     """
 
     def __init__(self, step: "CapturedTrainingStep"):
