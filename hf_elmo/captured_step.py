@@ -1,15 +1,15 @@
 """The pretraining step as two captured graphs: what a GPU replays without the host in the loop.
 
 An eager step launches thousands of kernels from Python (4,409 for "original" at 128 rows on an H200, where the GPU
-was busy 36% of the step). Here the step is two functions that `torch.compile` traces whole (`fullgraph=True`: no
-graph break, no data-dependent shape, nothing read back to the host), replayed as CUDA graphs on a GPU
-("reduce-overhead" mode):
+was busy 36% of the step). Here the step is two functions with fixed shapes and nothing read back to the host
+(`torch.compile` traces each whole, `fullgraph=True`: no graph break, no data-dependent shape), replayed as CUDA
+graphs on a GPU:
 
 - `accumulate(batch)`: the forward pass, the loss x `loss_scale` / `accumulation_steps` and its gradient
-  (`torch.autograd.grad`, traced into the graph), added into one flat fp32 gradient buffer; returns the
-  (loss, forward loss, backward loss) of the batch, on the device. Once per micro-batch.
-- `update()`: bilm-tf's global-norm clip and torch's own functional Adagrad on the optimizer's own state, then the
-  buffer zeroed; returns the norm, on the device. Once per optimizer step.
+  (`torch.autograd.grad`), added into one flat fp32 gradient buffer; returns the (loss, forward loss, backward
+  loss) of the batch, on the device. Once per micro-batch.
+- `update()`: bilm-tf's global-norm clip and Adagrad's update on the optimizer's own state, then the buffer zeroed;
+  returns the norm, on the device. Once per optimizer step.
 
 With several processes the buffer is all-reduced once between the two (gradients summed, then divided by the number
 of processes inside `update`: the mean over processes that DDP takes). So each step is two graph replays, one
