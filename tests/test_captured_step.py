@@ -133,19 +133,25 @@ def test_a_gradient_that_is_not_finite_stops_every_update_from_that_step_on():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="CUDA graphs need a GPU (gpu_report.py's cuda_tests run this)"))])
-def test_the_step_without_whole_compilation_is_one_eager_step_twice(device):
+def test_the_step_without_whole_compilation_is_one_eager_step_twice(device, monkeypatch):
     """backend=None: the same two functions, plain calls on the CPU, recorded CUDA graphs on a GPU (where the
     warm-up runs before recording must leave no trace: each step is the eager step once). Two steps, the second
-    replaying the graphs recorded by the first, each against the reference implementation's eager step."""
+    replaying the graphs recorded by the first, each against an eager step: of the reference implementation on the
+    CPU; on a GPU of the same ("cuda") implementation, so that only the recording is under test."""
     torch._dynamo.reset()
+    if device == "cuda":  # fp32 as stated: no TF32 in the char CNN's convolutions or the matmuls
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     base = pretraining_model().to(device)
     batches = [{k: v.to(device) for k, v in encode(lengths, offset=offset).items()}
                for lengths, offset in (([5, 3, 9, 1], 0), ([9, 2, 4, 6], 3))]
     assert batches[0]["input_ids"].shape == batches[1]["input_ids"].shape == (5, 16, 50)
     eager, model = copy.deepcopy(base), copy.deepcopy(base)
-    eager.set_elmo_implementation("reference")
+    if device == "cpu":
+        eager.set_elmo_implementation("reference")
     eager_optimizer = adagrad(eager)
     step = CapturedTrainingStep(model, adagrad(model), loss_scale=20.0, max_grad_norm=10.0, backend=None)
+    weight_tolerance = 1e-6 if device == "cpu" else 1e-5  # a GPU's kernels may sum in another order
     for batch in batches:
         torch.manual_seed(7)
         outputs = eager(**batch)
@@ -159,7 +165,8 @@ def test_the_step_without_whole_compilation_is_one_eager_step_twice(device):
         expected = torch.stack([outputs.loss, outputs.forward_loss, outputs.backward_loss]).detach()
         assert torch.allclose(losses, expected, rtol=1e-5, atol=0), (losses, expected)
         assert relative_difference(norm, eager_norm) < 1e-5
-        assert max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), eager.parameters())) < 1e-6
+        assert max(float((p - q).detach().abs().max())
+                   for p, q in zip(model.parameters(), eager.parameters())) < weight_tolerance
         assert max(float((step.optimizer.state[p]["sum"] - eager_optimizer.state[q]["sum"]).abs().max())
                    for p, q in zip(model.parameters(), eager.parameters())) < 1e-4
     assert [float(step.optimizer.state[p]["step"]) for p in list(model.parameters())[:2]] == [2.0, 2.0]
