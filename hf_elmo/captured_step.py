@@ -100,7 +100,9 @@ class CapturedTrainingStep:
         self.builds_graphs = backend is not None or self.device.type == "cuda"  # the CPU's plain calls build none
         if backend is None:
             self.cuda_graphs = CudaGraphs(self) if self.device.type == "cuda" else None
-            self._accumulate, self._update = self._accumulate_eager, self._update_eager
+            self._accumulate, self._update = ((self.cuda_graphs.accumulate, self.cuda_graphs.update)
+                                              if self.cuda_graphs is not None
+                                              else (self._accumulate_eager, self._update_eager))
             return
         self.cuda_graphs = None
         if mode is None and self.device.type == "cuda":
@@ -169,10 +171,8 @@ class CapturedTrainingStep:
         if new_shape:  # making a graph takes seconds to minutes: say so, rather than seem to hang
             logger.info("Building the training step's graph for batches of %d rows x %d words", *shape)
             began = time.perf_counter()
-        inputs = batch["input_ids"], batch["attention_mask"], batch["labels"]
         with compile_settings():
-            losses = (self.cuda_graphs.accumulate(*inputs) if self.cuda_graphs is not None
-                      else self._accumulate(*inputs))
+            losses = self._accumulate(batch["input_ids"], batch["attention_mask"], batch["labels"])
         if new_shape:
             self.shapes_compiled.add(shape)
             logger.info("Built the training step's graph for %d words in %.1f s (%d length(s) so far)", shape[1],
@@ -187,14 +187,13 @@ class CapturedTrainingStep:
     def update(self) -> torch.Tensor:
         """Clip, apply Adagrad, zero the buffer; the gradient norm before clipping, on the device."""
         with compile_settings():
-            return (self.cuda_graphs.update() if self.cuda_graphs is not None else self._update()).clone()
+            return self._update().clone()
 
     def steps_before_first_bad(self) -> int | None:
         """Read back (a sync: at logging steps only): None while every step was finite, else how many steps had
         been applied before the first one whose gradient was not."""
         first = int(self.first_bad_step)
         return None if first == 0 else first - 1
-
 
 
 class CudaGraphs:
@@ -219,17 +218,23 @@ class CudaGraphs:
         step = self.step
         return [step.flat_grad, step.steps_done, step.first_bad_step, *step.state_steps]
 
-    def _warm_up_and_record(self, function, *static_inputs):
+    def _warm_up_and_record(self, function, *static_inputs, zero_gradient: bool = False):
+        """`zero_gradient`: the warm-ups see a zero gradient (Adagrad then changes no weight and no sum, which are
+        not among what is put back); the gradient itself is put back with the rest."""
         kept, random_state = [t.clone() for t in self._kept_state()], torch.cuda.get_rng_state()
+        if zero_gradient:
+            self.step.flat_grad.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                function(*static_inputs)
-        torch.cuda.current_stream().wait_stream(side)
-        for tensor, value in zip(self._kept_state(), kept):
-            tensor.copy_(value)
-        torch.cuda.set_rng_state(random_state)  # the recorded step draws what the eager step would have
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    function(*static_inputs)
+        finally:
+            torch.cuda.current_stream().wait_stream(side)
+            for tensor, value in zip(self._kept_state(), kept):
+                tensor.copy_(value)
+            torch.cuda.set_rng_state(random_state)  # the recorded step draws what the eager step would have
         graph = torch.cuda.CUDAGraph()
         # "thread_local": the DataLoader's pin-memory thread keeps allocating pinned host memory meanwhile, which the
         # default ("global") would count as an unsafe call made during the recording.
@@ -267,14 +272,8 @@ class CudaGraphs:
 
     def update(self) -> torch.Tensor:
         if self.update_graph is None and self.failed is None:
-            def record():
-                gradient = self.step.flat_grad.clone()  # the warm-up updates with zero gradients: no change
-                self.step.flat_grad.zero_()
-                try:
-                    return self._warm_up_and_record(self.step._update_eager)
-                finally:
-                    self.step.flat_grad.copy_(gradient)
-            self.update_graph = self._record_or_fall_back("update", record)
+            self.update_graph = self._record_or_fall_back(
+                "update", lambda: self._warm_up_and_record(self.step._update_eager, zero_gradient=True))
         if self.update_graph is None:
             return self.step._update_eager()
         graph, norm = self.update_graph
