@@ -32,16 +32,22 @@ def captured(model, **options) -> CapturedTrainingStep:
                                 **options)
 
 
-def eager_reference_step(model, batch):
-    """What `hf-elmo pretrain` does eagerly, on the specification's own implementation."""
-    model.set_elmo_implementation("reference")
-    optimizer = adagrad(model)
+def eager_step(model, optimizer, batch):
+    """What `hf-elmo pretrain` does eagerly: the outputs, the gradients before clipping and their norm."""
     outputs = model(**batch)
     (outputs.loss * 20).backward()
     grads = [p.grad.clone() for p in model.parameters()]
     norm = clip_gradient_norm(model.parameters(), 10.0)
     optimizer.step()
-    return outputs, grads, norm, optimizer
+    optimizer.zero_grad()
+    return outputs, grads, norm
+
+
+def eager_reference_step(model, batch):
+    """One eager step on the specification's own implementation, with a new optimizer."""
+    model.set_elmo_implementation("reference")
+    optimizer = adagrad(model)
+    return *eager_step(model, optimizer, batch), optimizer
 
 
 def graphs() -> int:
@@ -154,11 +160,7 @@ def test_the_step_without_whole_compilation_is_one_eager_step_twice(device, monk
     weight_tolerance = 1e-6 if device == "cpu" else 1e-5  # a GPU's kernels may sum in another order
     for batch in batches:
         torch.manual_seed(7)
-        outputs = eager(**batch)
-        (outputs.loss * 20).backward()
-        eager_norm = clip_gradient_norm(eager.parameters(), 10.0)
-        eager_optimizer.step()
-        eager_optimizer.zero_grad()
+        outputs, _, eager_norm = eager_step(eager, eager_optimizer, batch)
         torch.manual_seed(7)
         losses = step.accumulate(batch)
         norm = step.update()
