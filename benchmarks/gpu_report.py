@@ -465,32 +465,31 @@ def profiled_step(setting: Setting) -> dict:
     return result
 
 
-def benchmark_lines(script: str, runs: list[list[str]], deadline: float | None = None) -> list[dict]:
-    """Run `script` once per argument list; each run's JSON line (machine description dropped), or its error. Each
-    line also goes to stderr as its run ends (a section of several runs killed at a lease's limit keeps those that
-    ended). A run still going at `deadline` (time.perf_counter()) is stopped and recorded as such, and the runs after
-    it are skipped."""
+def benchmark_line(script: str, extra: list[str], timeout: float) -> dict:
+    """One run of `script`: its JSON line (machine description dropped), or its error."""
+    try:
+        done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *extra], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"args": extra, "error": f"stopped at the report's budget, after {timeout:.0f} s"}
+    if done.returncode:  # torch's errors end in advice: the line that names the error is kept too
+        error_lines = done.stderr.strip().splitlines() or ["(no output)"]
+        named = [text for text in error_lines if text[:1].strip() and ("Error" in text or "Unsupported" in text)]
+        return {"args": extra, "error": " / ".join(dict.fromkeys([*named[-1:], error_lines[-1]]))[:2000]}
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    line.pop("machine", None)
+    return {"args": extra, **line}
+
+
+def benchmark_lines(script: str, runs: list[list[str]], deadline: float) -> list[dict]:
+    """`benchmark_line` once per argument list. Each line also goes to stderr as its run ends (a section of several
+    runs killed at a lease's limit keeps those that ended). A run still going at `deadline` (time.perf_counter()) is
+    stopped and recorded as such, and the runs after it are skipped."""
     lines = []
     for extra in runs:
-        left = None if deadline is None else deadline - time.perf_counter()
-        if left is not None and left <= 0:
-            line = {"args": extra, "skipped": "the report's budget was spent"}
-        else:
-            try:
-                done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *extra], cwd=REPO_ROOT,
-                                      capture_output=True, text=True, timeout=left)
-            except subprocess.TimeoutExpired:
-                line = {"args": extra, "error": f"stopped at the report's budget, after {left:.0f} s"}
-            else:
-                if done.returncode:  # torch's errors end in advice: the line that names the error is kept too
-                    error_lines = done.stderr.strip().splitlines() or ["(no output)"]
-                    named = [text for text in error_lines
-                             if text[:1].strip() and ("Error" in text or "Unsupported" in text)]
-                    line = {"args": extra, "error": " / ".join(dict.fromkeys([*named[-1:], error_lines[-1]]))[:2000]}
-                else:
-                    line = json.loads(done.stdout.strip().splitlines()[-1])
-                    line.pop("machine", None)
-                    line = {"args": extra, **line}
+        left = deadline - time.perf_counter()
+        line = (benchmark_line(script, extra, left) if left > 0
+                else {"args": extra, "skipped": "the report's budget was spent"})
         print(json.dumps({"run": script, **line}, default=str), file=sys.stderr, flush=True)
         lines.append(line)
     return lines
