@@ -34,7 +34,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -46,7 +45,7 @@ import time
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG
 from hf_elmo.cli import positive_int  # counts of at least 1 (0 meant every sentence, -3 a KeyError)
 from hf_elmo.finetuning import HEAD_MAX_EPOCHS, HEAD_MIN_EPOCHS, HEAD_MIN_STEPS, HEAD_PATIENCE
-from hf_elmo.option_checks import number_error
+from hf_elmo.option_checks import config_error_as_option, number_error
 from hf_elmo.safe_output import OutputLock, sibling_lock_file
 from hf_elmo.threads import keep_compiled_code_in_user_cache, threads_argument
 
@@ -251,7 +250,7 @@ def main(argv=None) -> int:
     try:
         ElmoConfig(head_lstm_dim=args.head_lstm_dim, mix_dropout=args.mix_dropout)
     except ValueError as error:  # ElmoConfig's own checks, in this script's option names
-        parser.error(re.sub(r"ElmoConfig\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), str(error)))
+        parser.error(config_error_as_option(error, dashes=True))
     task_files = {"train": args.train_file, "valid": args.valid_file, "test": args.test_file}
     if any(task_files.values()) and not all(task_files.values()):
         parser.error("give all of --train-file, --valid-file and --test-file, or none (CoNLL-2003 English)")

@@ -35,7 +35,7 @@ from hf_elmo.finetuning import (
     head_training_rule,
     plot_layer_weights,
 )
-from hf_elmo.option_checks import number_error
+from hf_elmo.option_checks import config_error_as_option, number_error
 from hf_elmo.publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, SOURCE_FILE, folder_model_card
 from hf_elmo.safe_output import (
     OutputError,
@@ -295,7 +295,7 @@ def check_numbers(model, training, parser) -> None:
     try:
         ElmoConfig(**model.head_options())
     except ValueError as error:
-        parser.error(str(error).replace("ElmoConfig.", "--"))
+        parser.error(config_error_as_option(error))
     for name in ("learning_rate", "weight_decay", "max_grad_norm"):
         if error := number_error(f"--{name}", getattr(training, name)):
             parser.error(error)

@@ -5,6 +5,7 @@ each other.
 """
 
 import math
+import re
 
 
 def number_error(option: str, value: float, positive: bool = False) -> str | None:
@@ -12,3 +13,12 @@ def number_error(option: str, value: float, positive: bool = False) -> str | Non
     if math.isfinite(value) and (value > 0 if positive else value >= 0):
         return None
     return f"{option} must be a {'positive' if positive else 'non-negative'} number, got {value}"
+
+
+def config_error_as_option(error: Exception, dashes: bool = False) -> str:
+    """ElmoConfig's error message in a command's option names: `ElmoConfig.mix_dropout` becomes --mix_dropout, or
+    --mix-dropout with `dashes`."""
+    def option(match: re.Match) -> str:
+        return "--" + (match.group(1).replace("_", "-") if dashes else match.group(1))
+
+    return re.sub(r"ElmoConfig\.(\w+)", option, str(error))
