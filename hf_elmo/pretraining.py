@@ -780,15 +780,15 @@ class PretrainingRun:
                         **scores})
             logger.info("Saved the final model to %s", self.args.output_dir)
         accelerator.wait_for_everyone()
-        accelerator.end_training()
         if torch.distributed.is_initialized():
-            # Every process tears the process group down at the same point, before the DDP wrapper is freed: one
-            # whose peers had already exited once waited forever in ProcessGroupGloo's destructor (a loaded 2-core
-            # machine).
+            # The DDP wrapper is freed while the process group still stands, then every process meets at a barrier,
+            # and only then does end_training() destroy the group. Freed afterwards (at train()'s return, as when
+            # end_training() came first and made this block dead), its destructor held the GIL while gloo's worker
+            # thread waited for it to free a collective's tensors: one process never exited (a loaded 2-core machine).
             del self.model, self.optimizer, unwrapped, state_dict
             accelerator.free_memory()
             torch.distributed.barrier()
-            torch.distributed.destroy_process_group()
+        accelerator.end_training()
 
 
 class LossWindow:
