@@ -24,7 +24,7 @@ from torch import nn
 
 from .cpu_tuning import few_column_matmul, step_columns
 from .configuration_elmo import ElmoImplementation, register
-from .elmo_ops import batched_bilstm
+from .elmo_ops import longest_first, needs_autograd, packed_bilstm
 from .modeling_elmo import clip, fold_forget_bias, is_word_position, lstm_cell, stack_layers
 from .int8_weights import Int8Linear, RecurrenceProducts, has_bf16_dot_products
 
@@ -99,8 +99,7 @@ def token_vectors(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     _check_dtype(encoder.char_embeddings.weight)
     # A word's vector depends on its characters only, so each distinct word is computed once per call.
     distinct, inverse = distinct_rows(char_ids)
-    needs_grad = torch.is_grad_enabled() and any(p.requires_grad for p in encoder.parameters())
-    if encoder.token_cache is None or needs_grad:
+    if encoder.token_cache is None or needs_autograd(encoder, char_ids):
         return _distinct_token_vectors(encoder, distinct)[inverse]
     return encoder.token_cache.vectors(encoder, distinct, functools.partial(_distinct_token_vectors, encoder))[inverse]
 
@@ -280,42 +279,10 @@ def _layer(
     return out, torch.stack(cells), torch.stack(hiddens)
 
 
-def longest_first(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
-    """
-    The batch's rows sorted by length, longest first (stable): `order`, the sorted lengths, and `rows_at[t]`, how
-    many sorted rows read step t (up to the longest length; read on the host).
-    """
-    lengths = mask.sum(dim=1)
-    order = torch.argsort(lengths, descending=True, stable=True)
-    sorted_lengths = lengths[order]
-    host_lengths = sorted_lengths.tolist()
-    rows_at, rows = [], len(host_lengths)
-    for step in range(host_lengths[0] if host_lengths else 0):
-        while host_lengths[rows - 1] <= step:
-            rows -= 1
-        rows_at.append(rows)
-    return order, sorted_lengths, tuple(rows_at)
-
-
-def packed_bilstm(module, tokens, mask, state, output_layers, words_only, dropout_masks=None):
-    """`bilstm` with autograd: `elmo_ops.batched_bilstm` over the batch sorted longest first, each step computing
-    only the rows still reading."""
-    order, _, rows_at = longest_first(mask)
-    restore = torch.argsort(order)
-    sorted_state = (state[0][:, :, order], state[1][:, :, order])
-    sorted_masks = None if dropout_masks is None else dropout_masks[:, :, order]
-    outputs, (cells, hiddens) = batched_bilstm(
-        module, tokens[order], mask[order], sorted_state, output_layers, words_only, sorted_masks, rows_at=rows_at
-    )
-    return [output[restore] for output in outputs], (cells[:, :, restore], hiddens[:, :, restore])
-
-
 def _works_in_place(module, tokens: torch.Tensor) -> bool:
     """Whether nothing needs autograd and no autocast is on (it would hand the matmuls bf16 operands while the
     `out=` buffers keep fp32)."""
-    if torch.is_autocast_enabled(tokens.device.type):
-        return False
-    return not torch.is_grad_enabled() or not (tokens.requires_grad or any(p.requires_grad for p in module.parameters()))
+    return not torch.is_autocast_enabled(tokens.device.type) and not needs_autograd(module, tokens)
 
 
 def _product(linear, columns: torch.Tensor, out: torch.Tensor | None = None, add: torch.Tensor | None = None,

@@ -1,5 +1,6 @@
-"""The clipped LSTM recurrence with a hand-written backward, all directions of a layer at once: the "cuda"
-implementation's (`elmo_cuda.py`) and the "cpu" one's with autograd (`elmo_cpu.py`). The LSTM maths itself (the step,
+"""The clipped LSTM recurrence with a hand-written backward, all directions of a layer at once, and the two
+schedules of rows it runs (every row every step, or rows packed longest first): the "cuda" implementation's
+(`elmo_cuda.py`) and the "cpu" one's with autograd (`elmo_cpu.py`). The LSTM maths itself (the step,
 clipping, the forget-bias fold, reversal, layer stacking, the output layout) is the model's (`modeling_elmo.py`),
 imported from there; this module adds the step's backward and the recurrence around it. It comes with `pip install
 hf-elmo`, not with a saved folder's code.
@@ -227,6 +228,12 @@ def recurrence_layer(layers, inputs, cell, hidden, active=None, rows_at=None):
                                        first.cell_clip, first.proj_clip, rows_at)
 
 
+def needs_autograd(module, tensor: torch.Tensor) -> bool:
+    """Whether autograd records this call: grad mode is on and `tensor` or one of `module`'s parameters requires
+    grad (a frozen biLM under a trained head records nothing)."""
+    return torch.is_grad_enabled() and (tensor.requires_grad or any(p.requires_grad for p in module.parameters()))
+
+
 def batched_bilstm(module, tokens, mask, state, output_layers, words_only, dropout_masks=None, rows_at=None):
     """
     `ElmoBiLstm.forward`'s function with `recurrence_layer`: both directions of a layer advance together. By
@@ -256,3 +263,34 @@ def batched_bilstm(module, tokens, mask, state, output_layers, words_only, dropo
         forward, backward = outputs[index].to(tokens.dtype).permute(1, 2, 0, 3).unbind(0)  # (rows, time, width) each
         layer_outputs.append(bidirectional_output(forward, backward, lengths, words_only))
     return layer_outputs, (cells.to(state[0].dtype), hiddens.to(state[1].dtype))
+
+
+def longest_first(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...]]:
+    """
+    The batch's rows sorted by length, longest first (stable): `order`, the sorted lengths, and `rows_at[t]`, how
+    many sorted rows read step t (up to the longest length; read on the host).
+    """
+    lengths = mask.sum(dim=1)
+    order = torch.argsort(lengths, descending=True, stable=True)
+    sorted_lengths = lengths[order]
+    host_lengths = sorted_lengths.tolist()
+    rows_at, rows = [], len(host_lengths)
+    for step in range(host_lengths[0] if host_lengths else 0):
+        while host_lengths[rows - 1] <= step:
+            rows -= 1
+        rows_at.append(rows)
+    return order, sorted_lengths, tuple(rows_at)
+
+
+def packed_bilstm(module, tokens, mask, state, output_layers, words_only, dropout_masks=None):
+    """`ElmoBiLstm.forward`'s function with `batched_bilstm` over the batch sorted longest first, each step computing
+    only the rows still reading (the lengths are read back to the host once): a batch costs the sum of its lengths,
+    not its rows times the longest."""
+    order, _, rows_at = longest_first(mask)
+    restore = torch.argsort(order)
+    sorted_state = (state[0][:, :, order], state[1][:, :, order])
+    sorted_masks = None if dropout_masks is None else dropout_masks[:, :, order]
+    outputs, (cells, hiddens) = batched_bilstm(
+        module, tokens[order], mask[order], sorted_state, output_layers, words_only, sorted_masks, rows_at=rows_at
+    )
+    return [output[restore] for output in outputs], (cells[:, :, restore], hiddens[:, :, restore])

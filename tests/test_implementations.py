@@ -850,6 +850,33 @@ def test_the_device_paths_copy_nothing_between_host_and_device(implementation):
     assert hidden[-1].device.type == "meta" and hidden[-1].shape == (3, 3, 16)
 
 
+def test_cuda_inference_packs_rows_and_encodes_each_distinct_word_once(monkeypatch):
+    # Without autograd the "cuda" implementation computes only the rows still reading at each step (longest first)
+    # and each distinct word once; where autograd records (training), every row reads every step and the char CNN
+    # every position, the static shapes a recorded step needs. Both ways give the reference's vectors.
+    from hf_elmo import elmo_cuda, elmo_ops
+
+    schedules, encoded_words = [], []
+    recurrence, encode = elmo_ops.ClippedLstmRecurrence.apply, elmo_cuda.char_encoder_reference
+    monkeypatch.setattr(elmo_ops.ClippedLstmRecurrence, "apply", lambda gates, active, *rest: schedules.append(
+        "every row" if active is not None else rest[-1]) or recurrence(gates, active, *rest))
+    monkeypatch.setattr(elmo_cuda, "char_encoder_reference", lambda encoder, ids: encoded_words.append(
+        ids.shape[0]) or encode(encoder, ids))
+    model = make_model(seed=6)
+    ids = make_batch([5, 2, 5, 3], seed=3, vocabulary=["the", "cat", "sat", "on", "a"])
+    with torch.no_grad():
+        reference = run(model, ids, "reference")
+        packed = run(model, ids, "cuda")
+    static = run(model, ids, "cuda")  # grad mode on, the weights require grad
+    # Lengths 7, 4, 7, 5 with the sentence boundaries: 4 rows read steps 0-3, then 3, then 2.
+    assert schedules == [(4, 4, 4, 4, 3, 2, 2)] * 2 + ["every row"] * 2
+    # 4 rows of 7 positions; 8 distinct words: the 5 of the vocabulary, the two boundaries and the padding word.
+    assert encoded_words == [8, 4 * 7]
+    for outputs in (packed, static):
+        assert max_diff(outputs.hidden_states, reference.hidden_states) <= 1e-5
+        assert max_diff(outputs.lstm_state, reference.lstm_state) <= 1e-5
+
+
 def test_the_compiled_steps_do_not_recompile_for_new_row_counts_or_lengths(monkeypatch):
     # Compiled on the CPU with the "eager" backend, which guards and recompiles as inductor does on a GPU. After one
     # training batch and one evaluation batch, batches of other row counts and padded lengths compile nothing more
