@@ -199,6 +199,12 @@ class ClippedLstmRecurrence(torch.autograd.Function):
                 None, None, None)
 
 
+def needs_autograd(module, tensor: torch.Tensor) -> bool:
+    """Whether autograd records this call: grad mode is on and `tensor` or one of `module`'s parameters requires
+    grad (a frozen biLM under a trained head records nothing)."""
+    return torch.is_grad_enabled() and (tensor.requires_grad or any(p.requires_grad for p in module.parameters()))
+
+
 def recurrence_layer(layers, inputs, cell, hidden, active=None, rows_at=None):
     """
     One layer of every direction with `ClippedLstmRecurrence`: `layers` (one `ElmoLstmLayer` per direction),
@@ -213,11 +219,17 @@ def recurrence_layer(layers, inputs, cell, hidden, active=None, rows_at=None):
     # The input part of the gates in fp32, the bias added there: nn.Linear (the reference) rounds x @ W + b once to
     # the autocast dtype, and adding the bias in bf16 would round this, the largest activation, twice (the bf16
     # errors of the gpu_report tests). Under bf16 this holds the tensor in fp32, as the steps read it.
-    # The bias broadcast over rows before it is added: its gradient is then a sum over time and one over rows, where
-    # one sum over both (non-adjacent) dims runs ~15x slower on the CPU (20 ms a layer on the recipe config).
-    input_gates = torch.einsum("tdrp,dgp->tdrg", inputs.to(dtype), stacked("input_proj")).float() + bias[
-        None, :, None
-    ].expand(1, -1, inputs.shape[2], -1)
+    # Packed input gates only where nothing records autograd: their scatter's gradient is one more padded tensor
+    # (peak RSS +450 MB for "original" at 64 rows x 30 words on the CPU), and training batches come from length
+    # buckets, where it saved no time (`bench_pretrain.py`, small, CPU).
+    if rows_at is None or any(needs_autograd(layer, inputs) for layer in layers):
+        # The bias broadcast over rows before it is added: its gradient is then a sum over time and one over rows,
+        # where one sum over both (non-adjacent) dims runs ~15x slower on the CPU (20 ms a layer on the recipe config).
+        input_gates = torch.einsum("tdrp,dgp->tdrg", inputs.to(dtype), stacked("input_proj")).float() + bias[
+            None, :, None
+        ].expand(1, -1, inputs.shape[2], -1)
+    else:
+        input_gates = _packed_input_gates(inputs, stacked("input_proj"), bias, rows_at)
     recurrent = stacked("recurrent_proj").transpose(1, 2)
     if isinstance(first.output_proj, torch.nn.Linear):
         projection = stacked("output_proj").transpose(1, 2)
@@ -228,10 +240,20 @@ def recurrence_layer(layers, inputs, cell, hidden, active=None, rows_at=None):
                                        first.cell_clip, first.proj_clip, rows_at)
 
 
-def needs_autograd(module, tensor: torch.Tensor) -> bool:
-    """Whether autograd records this call: grad mode is on and `tensor` or one of `module`'s parameters requires
-    grad (a frozen biLM under a trained head records nothing)."""
-    return torch.is_grad_enabled() and (tensor.requires_grad or any(p.requires_grad for p in module.parameters()))
+def _packed_input_gates(inputs, weights, bias, rows_at):
+    """
+    The input part of the gates `(time, directions, rows, gates)` (fp32, with the bias) at the positions the steps
+    of `rows_at` read, zero elsewhere: one matmul per direction over the positions read alone, so that the largest
+    product of a layer costs the sum of the lengths too, not rows times the longest.
+    """
+    time, directions, rows, width = inputs.shape
+    # Flat `(time, directions, rows)` positions read, per direction (built on the host, from `rows_at`).
+    step, row = (torch.arange(rows) < torch.tensor(rows_at, dtype=torch.long).view(-1, 1)).nonzero(as_tuple=True)
+    index = (step * directions * rows + row + torch.arange(directions)[:, None] * rows).to(inputs.device)
+    read = inputs.reshape(-1, width)[index].to(weights.dtype)
+    gates = torch.bmm(read, weights.transpose(1, 2)).float() + bias[:, None]
+    flat = gates.new_zeros(time * directions * rows, gates.shape[-1]).index_copy(0, index.flatten(), gates.flatten(0, 1))
+    return flat.view(time, directions, rows, -1)
 
 
 def batched_bilstm(module, tokens, mask, state, output_layers, words_only, dropout_masks=None, rows_at=None):

@@ -858,8 +858,8 @@ def test_cuda_inference_packs_rows_and_encodes_each_distinct_word_once(monkeypat
 
     schedules, encoded_words = [], []
     recurrence, encode = elmo_ops.ClippedLstmRecurrence.apply, elmo_cuda.char_encoder_reference
-    monkeypatch.setattr(elmo_ops.ClippedLstmRecurrence, "apply", lambda gates, active, *rest: schedules.append(
-        "every row" if active is not None else rest[-1]) or recurrence(gates, active, *rest))
+    monkeypatch.setattr(elmo_ops.ClippedLstmRecurrence, "apply", lambda gates, active, *rest: schedules.append((
+        "every row" if active is not None else rest[-1], int(gates.any(-1).sum()))) or recurrence(gates, active, *rest))
     monkeypatch.setattr(elmo_cuda, "char_encoder_reference", lambda encoder, ids: encoded_words.append(
         ids.shape[0]) or encode(encoder, ids))
     model = make_model(seed=6)
@@ -868,8 +868,9 @@ def test_cuda_inference_packs_rows_and_encodes_each_distinct_word_once(monkeypat
         reference = run(model, ids, "reference")
         packed = run(model, ids, "cuda")
     static = run(model, ids, "cuda")  # grad mode on, the weights require grad
-    # Lengths 7, 4, 7, 5 with the sentence boundaries: 4 rows read steps 0-3, then 3, then 2.
-    assert schedules == [(4, 4, 4, 4, 3, 2, 2)] * 2 + ["every row"] * 2
+    # Lengths 7, 4, 7, 5 with the sentence boundaries: 4 rows read steps 0-3, then 3, then 2; the input gates are
+    # computed at those 23 positions per direction alone, the static shapes' at all 4 x 7.
+    assert schedules == [((4, 4, 4, 4, 3, 2, 2), 2 * 23)] * 2 + [("every row", 2 * 4 * 7)] * 2
     # 4 rows of 7 positions; 8 distinct words: the 5 of the vocabulary, the two boundaries and the padding word.
     assert encoded_words == [8, 4 * 7]
     for outputs in (packed, static):
