@@ -850,7 +850,8 @@ def test_the_device_paths_copy_nothing_between_host_and_device(implementation):
     assert hidden[-1].device.type == "meta" and hidden[-1].shape == (3, 3, 16)
 
 
-def test_cuda_inference_packs_rows_and_encodes_each_distinct_word_once(monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_cuda_inference_packs_rows_and_encodes_each_distinct_word_once(device, monkeypatch, exact_cuda_matmuls):
     # Without autograd the "cuda" implementation computes only the rows still reading at each step (longest first)
     # and each distinct word once; where autograd records (training), every row reads every step and the char CNN
     # every position, the static shapes a recorded step needs. Both ways give the reference's vectors.
@@ -862,8 +863,8 @@ def test_cuda_inference_packs_rows_and_encodes_each_distinct_word_once(monkeypat
         "every row" if active is not None else rest[-1], int(gates.any(-1).sum()))) or recurrence(gates, active, *rest))
     monkeypatch.setattr(elmo_cuda, "char_encoder_reference", lambda encoder, ids: encoded_words.append(
         ids.shape[0]) or encode(encoder, ids))
-    model = make_model(seed=6)
-    ids = make_batch([5, 2, 5, 3], seed=3, vocabulary=["the", "cat", "sat", "on", "a"])
+    model = make_model(seed=6).to(device)
+    ids = make_batch([5, 2, 5, 3], seed=3, vocabulary=["the", "cat", "sat", "on", "a"]).to(device)
     with torch.no_grad():
         reference = run(model, ids, "reference")
         packed = run(model, ids, "cuda")
