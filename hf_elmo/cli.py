@@ -35,7 +35,8 @@ where H = 2 * projection_dim. Each dataset has attributes line_number (1-based),
 pieces). The file's attributes record the options, the model and the counts of empty and split lines.
 Read it with h5py: vectors = f["0"][...]; words = json.loads(f["0"].attrs["words"]).
 
-Lines with no words are stored as empty datasets (0 words) and logged with their line numbers. Lines of
+Lines with no words are stored as empty datasets (0 words) and logged with their line numbers; an empty
+input gives a file without datasets, with a warning. Lines of
 more than --max-words words are split into pieces embedded independently (context does not cross a piece
 boundary), stored one after the other in the line's dataset, and logged. The model is stateless: a line's
 vectors depend only on that line (equal to float32 rounding wherever it appears; bit for bit with

@@ -304,6 +304,8 @@ def embed_file(
                     "split_lines": summary.split_lines,
                 }
             )
+    if summary.num_lines == 0:  # an empty output is right for an empty input, but it is more often the wrong file
+        logger.warning("%s has no lines: %s holds no datasets", input_name(input_path), output_path)
     if summary.empty_lines:
         logger.warning("%s without words, stored as empty datasets: %s", _lines(summary.empty_lines),
                        _line_numbers(summary.empty_line_numbers, summary.empty_lines))

@@ -284,6 +284,16 @@ def test_embed_reports_lines_without_words_and_split_lines(corpus, converted_dir
         assert f["3"].shape == (0, 32) and f["4"].shape == (0, 32) and f["4"].attrs["text"] == "  \t "
 
 
+def test_embed_of_an_empty_file_says_so_and_writes_a_file_without_datasets(converted_dir, tmp_path, caplog):
+    caplog.set_level("WARNING", logger="hf_elmo.embed")
+    rc, output = embed(tmp_path, [], model=converted_dir)
+    assert rc == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / 'out.hdf5.txt'} has no lines: {output} holds no datasets"]
+    with h5py.File(output) as f:
+        assert list(f.keys()) == [] and f.attrs["num_lines"] == 0
+
+
 def test_embed_top_average_and_float16(embedded_all, corpus, converted_dir, tmp_path):
     options = ["--tokenized", "--max-words", "100", "--batch-size", "4", "--window", "7"]
     assert embed(tmp_path, corpus, *options, "--top", "--float16", name="top16", model=converted_dir)[0] == 0
