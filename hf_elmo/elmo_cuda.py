@@ -14,9 +14,9 @@ hold it to the reference on the CPU), shaped for a GPU:
   nothing is read back to the host;
 - elsewhere (inference, or a frozen biLM under a trained head) the lengths are read back once per call, as
   AllenNLP does: the biLSTM computes only the rows still reading at each step (rows sorted longest first; its
-  input products too) and the char CNN each distinct word once. A batch then costs the sum of its lengths, not its rows times the longest:
-  2.3x less on the Wikipedia sample in batches of 256 sentences in reading order, and fewer words again for the
-  char CNN.
+  input products too) and the char CNN each distinct word once. A batch then costs the sum of its lengths, not
+  its rows times the longest: 2.3x less on the Wikipedia sample in batches of 256 sentences in reading order, and
+  fewer words again for the char CNN.
 
 Clipping follows bilm-tf (TensorFlow's `clip_by_value`): the gradient is zero where a value was clipped.
 Under autocast the matmuls run in the autocast dtype, the cell state and all element-wise maths in fp32.

@@ -253,7 +253,8 @@ def _packed_input_gates(inputs, weights, bias, rows_at):
     read = inputs.reshape(-1, width)[index].to(weights.dtype)
     gates = torch.bmm(read, weights.transpose(1, 2)).float() + bias[:, None]
     # In place: this runs without autograd (`recurrence_layer`), and a copy would be one more padded tensor.
-    flat = gates.new_zeros(time * directions * rows, gates.shape[-1]).index_copy_(0, index.flatten(), gates.flatten(0, 1))
+    flat = gates.new_zeros(time * directions * rows, gates.shape[-1])
+    flat.index_copy_(0, index.flatten(), gates.flatten(0, 1))
     return flat.view(time, directions, rows, -1)
 
 
