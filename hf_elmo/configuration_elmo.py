@@ -107,9 +107,8 @@ _RELEASED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7
 # Which code computes ELMo's char CNN and biLSTM. As Transformers' attention implementations, an implementation
 # changes speed, never the function: `ElmoCharacterEncoder` and `ElmoBiLstm` look theirs up on every call, and the
 # tests hold every implementation to "reference", the model's own plain computation (`modeling_elmo.py`). "cpu"
-# (`elmo_cpu.py`: each distinct word once, a packed in-place recurrence) and "cuda" (`elmo_cuda.py`: a fused
-# recurrence; static shapes and no host syncs where autograd records, packed rows in inference) come with `pip
-# install hf-elmo` and register themselves when a model is built.
+# (`elmo_cpu.py`: each distinct word once, a packed in-place recurrence) and "cuda" (`elmo_cuda.py`: static
+# shapes in training, packed rows in inference) come with `pip install hf-elmo` and register themselves.
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ElmoImplementation:
@@ -264,10 +263,9 @@ class ElmoConfig(PreTrainedConfig):
     Run time (never saved with the config or the weights):
         elmo_implementation (`str` or `None`, defaults to `None`): which implementation computes the char CNN and
             the biLSTM: `"reference"` (the modules' own readable maths), `"cpu"` (tuned for CPUs, inference and
-            training) or `"cuda"` (fused recurrence; static shapes and no host syncs in training, packed rows in
-            inference). `None` chooses by the device
-            of the inputs on every call (the rule and registry: `elmo_implementation_for` above). All compute the same
-            function; set it with `from_pretrained(..., elmo_implementation=...)` or
+            training) or `"cuda"` (fused recurrence: static shapes in training, packed rows in inference). `None`
+            chooses by the device of the inputs on every call (the rule and registry: `elmo_implementation_for`
+            above). All compute the same function; set it with `from_pretrained(..., elmo_implementation=...)` or
             `model.set_elmo_implementation(...)`.
 
     `hidden_size` is `2 * projection_dim`: every output layer is `[forward; backward]`.
