@@ -52,6 +52,13 @@ def lstm_cell_backward(gates, cell, grad_cell, grad_cell_output, active, cell_cl
 # on the CPU with the "eager" backend, which traces, guards and recompiles as inductor does, without generating code.
 COMPILED_DEVICE_TYPES = ("cuda",)
 COMPILE_BACKEND = "inductor"
+# Graphs each kernel may keep, one per layout of its inputs: Dynamo guards a view's offset and strides, treats sizes
+# and offsets of 0 and 1 apart, and autocast's dtypes too. A process that trains in fp32 and bf16 (static rows) and
+# runs inference (packed rows) needs more than torch's default of 8 (inductor on the CPU, test_implementations.py),
+# past which a new layout runs eagerly: dozens of kernels a step. One settings object, entered at each call (3 us;
+# building one costs 100 us).
+KERNEL_GRAPHS = 32
+_KERNEL_SETTINGS = torch._dynamo.config.patch(recompile_limit=KERNEL_GRAPHS)
 
 
 def _compiled(function):
@@ -60,8 +67,8 @@ def _compiled(function):
     already compiling). Sizes and strides are symbolic from the first call (`dynamic=True`): the row count (64 rows
     in evaluation, 128 in training, a short last batch) and a step's stride (the padded length) change between
     batches, and each change would otherwise cost a recompilation. Not `fullgraph`: these are a few element-wise
-    lines that trace whole, and past Dynamo's recompile limit (views passed in still recompile on some changes of
-    their base and offset) a full-graph function raises, where this one runs eagerly and warns.
+    lines that trace whole, and past Dynamo's recompile limit (`KERNEL_GRAPHS`: views passed in still recompile on
+    some changes of their base and offset) a full-graph function raises, where this one runs eagerly and warns.
     """
     compiled = {}
 
@@ -71,7 +78,8 @@ def _compiled(function):
             return function(*args)
         if COMPILE_BACKEND not in compiled:
             compiled[COMPILE_BACKEND] = torch.compile(function, dynamic=True, backend=COMPILE_BACKEND)
-        return compiled[COMPILE_BACKEND](*args)
+        with _KERNEL_SETTINGS:
+            return compiled[COMPILE_BACKEND](*args)
 
     return run
 
@@ -108,6 +116,10 @@ def _projection_backward(projected, grad_output, grad_hidden, active, proj_clip:
     return torch.where(projected.float().abs() <= proj_clip, grad_step, 0.0).to(projected.dtype)
 
 
+# The step's backward, one fused kernel on CUDA as each of the forward's two are (eager, it is about 25 kernels).
+_step_backward = _compiled(lstm_cell_backward)
+
+
 class ClippedLstmRecurrence(torch.autograd.Function):
     """
     The recurrent part of one bilm-tf LSTM layer, all directions at once (time-major):
@@ -133,13 +145,18 @@ class ClippedLstmRecurrence(torch.autograd.Function):
         schedule = rows_at if rows_at is not None else (num_rows,) * input_gates.shape[0]
         outputs = input_gates.new_zeros(*input_gates.shape[:3], projection.shape[-1], dtype=torch.float32)
         final_cell, final_hidden = cell.clone(), hidden.clone()
+        # The state the steps read is always a tensor of its own, never a view: Dynamo guards a view's base too, and
+        # each new layout recompiled the step's kernels (training and packed inference in one process reached its
+        # limit of 8 graphs per function, inductor on the CPU, after which a new layout runs eagerly).
+        cell, hidden = cell.clone(), hidden.clone()
         saved = {"gates": [], "cells": [], "hiddens": [], "cell_outputs": [], "projected": []}
         training = any(ctx.needs_input_grad)
         for t, rows in enumerate(schedule):
             if rows == 0:
                 break
             step_active = None if active is None else active[t, :, :rows]
-            cell, hidden = cell[:, :rows], hidden[:, :rows]
+            if rows < cell.shape[1]:  # the rows past their last step leave the state
+                cell, hidden = cell[:, :rows].contiguous(), hidden[:, :rows].contiguous()
             gates, new_cell, cell_output = _step_forward(
                 input_gates[t, :, :rows], torch.bmm(hidden, recurrent), cell, step_active, cell_clip, training
             )
@@ -175,7 +192,7 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             grad_step = _projection_backward(projected[t], grad_outputs[t, :, :rows], grad_hidden[:, :rows],
                                              step_active, proj_clip)
             grad_cell_output = torch.bmm(grad_step, projection.transpose(1, 2))
-            step_gates, grad_cell[:, :rows] = lstm_cell_backward(
+            step_gates, grad_cell[:, :rows] = _step_backward(
                 gates[t], cells[t], grad_cell[:, :rows], grad_cell_output, step_active, cell_clip
             )
             grad_input_gates[t, :, :rows] = step_gates
