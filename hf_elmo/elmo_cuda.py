@@ -40,7 +40,9 @@ def keeps_static_shapes(module, tensor: torch.Tensor) -> bool:
 
 
 def token_vectors(encoder, char_ids):
-    """`ElmoCharacterEncoder.forward`'s function: the reference's, on each distinct word once where shapes may vary."""
+    """`ElmoCharacterEncoder.forward`'s function: the reference's, on each distinct word once where shapes may vary.
+    `torch.unique` finds them in one sort on the device; the "cpu" implementation's `distinct_rows` checks its hash
+    chunk by chunk on the host, a read back per chunk on a GPU."""
     if keeps_static_shapes(encoder, char_ids):
         return char_encoder_reference(encoder, char_ids)
     distinct, inverse = torch.unique(char_ids, dim=0, return_inverse=True)

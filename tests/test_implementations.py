@@ -555,6 +555,7 @@ def test_long_sentence_runs_with_memory_linear_in_words():
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 
 @pytest.fixture
@@ -852,7 +853,7 @@ def test_the_device_paths_copy_nothing_between_host_and_device(implementation):
     assert hidden[-1].device.type == "meta" and hidden[-1].shape == (3, 3, 16)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.mark.parametrize("device", DEVICES)
 def test_cuda_inference_packs_rows_and_encodes_each_distinct_word_once(device, monkeypatch, exact_cuda_matmuls):
     # Without autograd the "cuda" implementation computes only the rows still reading at each step (longest first)
     # and each distinct word once; where autograd records (training), every row reads every step and the char CNN
@@ -961,8 +962,6 @@ def test_training_and_inference_in_one_process_keep_every_step_kernel_compiled(m
     assert {next(name for name in ("input_gates", "gates", "grad_output", "projected") if f"L_{name}_" in graph)
             for graph in graphs} == {"input_gates", "gates", "grad_output", "projected"}
 
-
-DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 
 @pytest.mark.parametrize("device", DEVICES)
