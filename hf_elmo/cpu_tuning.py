@@ -1,12 +1,13 @@
-"""CPU tuning that is measured, not assumed: how the recurrence's few-column products are handed to the libraries.
+"""CPU tuning that is measured, not assumed: how the CPU's products are handed to the libraries.
 
 Each step of the CPU recurrence multiplies a tall weight by one column per sentence still being read. Some CPU BLAS
 builds share such a product between threads badly at some column counts, some take several times longer for a
 few columns than for a few more, and on some CPUs oneDNN's fp32 kernels run a few columns two to three times
 faster than the BLAS (MKL on AMD's Zen 4: benchmarks/README.md). So, on this process's first product of each
 shape, this module times the alternatives and keeps the fastest: BLAS, BLAS on row blocks or oneDNN
-(`measured_product`), and extra columns of finished rows or not (`step_columns`). The choices live here, in two
-caches, and nowhere else.
+(`measured_product`), and extra columns of finished rows or not (`step_columns`). Training's large row-major
+products (`matmul`) go to oneDNN or stay on the BLAS by one measurement per process (`onednn_trains`). The choices
+live here, in three caches, and nowhere else.
 
 Two processes may therefore choose differently, and a product's last bit may differ with its column count. Where
 that matters (a bit-exact comparison across processes or machines), set `HF_ELMO_CPU_TUNING=fixed` in the
@@ -246,3 +247,122 @@ def _fastest_step_columns(weights: list[torch.Tensor], rows: int, available: int
         if seconds(columns) < best_seconds:
             best, best_seconds = columns, seconds(columns)
     return best
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training's large products (the recurrence with its hand-written backward, the sampled softmax)
+# ---------------------------------------------------------------------------------------------------------------
+# MKL, torch's fp32 BLAS, runs its AVX2 kernels on AMD processors, AVX-512 ones included, where oneDNN picks its
+# kernels by instruction set: on a Zen 5 (benchmarks/README.md) oneDNN ran the pretraining step's products 1.4x to
+# 2.9x faster. Whether it pays is measured once per process and thread count (`onednn_trains`), on products of the
+# shapes a step makes, with `MIN_ONEDNN_SPEEDUP`'s margin, so that the choice does not flip between the processes
+# of one machine (a run and its resumption).
+# Products of fewer multiply-adds stay on the BLAS: dispatch-bound, and a tiny model (the tests') keeps the BLAS's
+# rounding in every process.
+MIN_ONEDNN_MACS = 1 << 20
+# The products `onednn_trains` times: (rows, inner, columns, left operand transposed), a recurrence step's, the
+# input or softmax products of many positions, and a weight gradient's (positions summed, read transposed).
+_TRAINING_PRODUCTS = ((64, 256, 1024, False), (1024, 256, 1024, False), (256, 1024, 1024, True))
+# threads -> whether oneDNN measured `MIN_ONEDNN_SPEEDUP` times faster than the BLAS, in this process.
+_ONEDNN_TRAINS: dict[int, bool] = {}
+
+
+def padded_rows(count: int) -> int:
+    """
+    The count that a oneDNN product of training computes for `count` rows (or summed positions): up to 16 as it
+    is, above that rounded up to one of 8 steps per power of 2 (at most 1/8 more work). oneDNN builds and keeps a
+    kernel for every shape it meets, and a run meets nearly every count of rows and positions: unpadded, the
+    recipe's pretraining held 4.8 GiB more after 250 steps (benchmarks/README.md).
+    """
+    if count <= 16:
+        return count
+    step = 1 << (count.bit_length() - 4)
+    return -(-count // step) * step
+
+
+def onednn_trains(tensor: torch.Tensor) -> bool:
+    """Whether `matmul` hands products of tensors like `tensor` (those large enough) to oneDNN: fp32 on a CPU,
+    outside `torch.compile` and CPU autocast, with oneDNN measured clearly faster in this process (never with
+    `HF_ELMO_CPU_TUNING=fixed`)."""
+    if torch.compiler.is_compiling() or tensor.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
+        return False
+    if not has_onednn_linear(tensor) or tuning_is_fixed():
+        return False
+    threads = torch.get_num_threads()
+    if threads not in _ONEDNN_TRAINS:
+        _ONEDNN_TRAINS[threads] = _onednn_is_faster_for_training()
+    return _ONEDNN_TRAINS[threads]
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """
+    `a @ b` for 2-D operands, or 3-D ones batched over their first dim, where nothing records autograd (inside a
+    hand-written forward or backward): through oneDNN's fp32 linear where `onednn_trains` and the product has
+    `MIN_ONEDNN_MACS`, else `torch.matmul`. oneDNN computes `padded_rows` rows and positions (zeros added, and the
+    extra rows dropped); callers whose operands would be costly to pad build them padded (`padded_cat`). The
+    result may be a transposed view.
+    """
+    macs = a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
+    if macs < MIN_ONEDNN_MACS or not onednn_trains(a) or b.dtype != torch.float32:
+        return torch.matmul(a, b)
+    if a.dim() == 2:
+        return _onednn_matmul(a, b)
+    return torch.stack([_onednn_matmul(left, right) for left, right in zip(a, b)])
+
+
+def padded_cat(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """`torch.cat(tensors, dim)`, with zeros after them up to `padded_rows` of the total where `onednn_trains`:
+    the summed positions of a weight gradient, built once at the size `matmul` multiplies."""
+    total = sum(t.shape[dim] for t in tensors)
+    extra = padded_rows(total) - total if onednn_trains(tensors[0]) else 0
+    if extra:
+        shape = list(tensors[0].shape)
+        shape[dim] = extra
+        tensors = [*tensors, tensors[0].new_zeros(shape)]
+    return torch.cat(tensors, dim=dim)
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`x @ w.T` by oneDNN's fp32 linear (see `onednn_product`)."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+
+def _onednn_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    (rows, inner), padded = a.shape, (padded_rows(a.shape[0]), padded_rows(a.shape[1]))
+    if padded[1] != inner:  # zero terms in every sum
+        a, b = nn.functional.pad(a, (0, padded[1] - inner)), nn.functional.pad(b, (0, 0, 0, padded[1] - inner))
+    if padded[0] != rows:  # zero rows, dropped from the result
+        a = nn.functional.pad(a, (0, 0, 0, padded[0] - rows))
+    if a.t().is_contiguous() and a.numel() > b.numel():
+        # `a` lies transposed (a weight gradient's summed positions): oneDNN would copy the larger operand to read
+        # it row by row (2-5x slower there), so the product is computed transposed, `(b.T @ a.T).T`, reading `a`
+        # as it lies.
+        return _linear(b.t(), a).t()[:rows]
+    return _linear(a, b.t())[:rows]
+
+
+def _onednn_is_faster_for_training() -> bool:
+    generator = torch.Generator().manual_seed(0)
+    operands = []
+    for rows, inner, columns, transposed in _TRAINING_PRODUCTS:
+        left = torch.randn(inner, rows, generator=generator).t() if transposed else torch.randn(rows, inner,
+                                                                                                 generator=generator)
+        operands.append((left, torch.randn(inner, columns, generator=generator)))
+    ways = {PLAIN: torch.matmul, ONEDNN: _onednn_matmul}
+    try:
+        _onednn_matmul(*operands[0])
+    except RuntimeError as error:
+        logger.debug("oneDNN's fp32 linear failed on a training product (%s); using the BLAS", error)
+        return False
+    best = dict.fromkeys(ways, float("inf"))
+    with torch.no_grad():
+        for _ in range(3):  # the best of three, the ways interleaved
+            for way, product in ways.items():
+                start = time.perf_counter()
+                for left, right in operands:
+                    product(left, right)
+                best[way] = min(best[way], time.perf_counter() - start)
+    faster = fastest_way(best) == ONEDNN
+    logger.info("Training's fp32 products go to %s (measured here: BLAS %.2f ms, oneDNN %.2f ms)",
+                "oneDNN" if faster else "the BLAS", best[PLAIN] * 1e3, best[ONEDNN] * 1e3)
+    return faster

@@ -2,7 +2,8 @@
 schedules of rows it runs (every row every step, or rows packed longest first): the "cuda" implementation's
 (`elmo_cuda.py`) and the "cpu" one's with autograd (`elmo_cpu.py`). The LSTM maths itself (the step,
 clipping, the forget-bias fold, reversal, layer stacking, the output layout) is the model's (`modeling_elmo.py`),
-imported from there; this module adds the step's backward and the recurrence around it. It comes with `pip install
+imported from there; this module adds the step's backward and the recurrence around it. Its products go through
+`cpu_tuning.matmul` (oneDNN on CPUs where that measures faster; torch's own product elsewhere). It comes with `pip install
 hf-elmo`, not with a saved folder's code.
 """
 
@@ -10,6 +11,7 @@ import functools
 
 import torch
 
+from .cpu_tuning import matmul, padded_cat
 from .modeling_elmo import (
     bidirectional_output,
     clip,
@@ -158,9 +160,9 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             if rows < cell.shape[1]:  # the rows past their last step leave the state
                 cell, hidden = cell[:, :rows].contiguous(), hidden[:, :rows].contiguous()
             gates, new_cell, cell_output = _step_forward(
-                input_gates[t, :, :rows], torch.bmm(hidden, recurrent), cell, step_active, cell_clip, training
+                input_gates[t, :, :rows], matmul(hidden, recurrent), cell, step_active, cell_clip, training
             )
-            projected = torch.bmm(cell_output, projection)
+            projected = matmul(cell_output, projection)
             new_hidden, outputs[t, :, :rows] = _projection_forward(projected, hidden, step_active, proj_clip)
             if training:
                 for name, value in zip(saved, (gates, cell, hidden, cell_output, projected)):
@@ -191,7 +193,7 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             step_active = None if active is None else active[t, :, :rows]
             grad_step = _projection_backward(projected[t], grad_outputs[t, :, :rows], grad_hidden[:, :rows],
                                              step_active, proj_clip)
-            grad_cell_output = torch.bmm(grad_step, projection.transpose(1, 2))
+            grad_cell_output = matmul(grad_step, projection.transpose(1, 2))
             step_gates, grad_cell[:, :rows] = _step_backward(
                 gates[t], cells[t], grad_cell[:, :rows], grad_cell_output, step_active, cell_clip
             )
@@ -199,7 +201,7 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             step_gates = step_gates.to(recurrent.dtype)
             # The hidden state before the step reaches the loss through this step's gates, and (where the row did
             # not read the step) unchanged.
-            through_gates = torch.bmm(step_gates, recurrent.transpose(1, 2)).float()
+            through_gates = matmul(step_gates, recurrent.transpose(1, 2)).float()
             if step_active is None:
                 grad_hidden[:, :rows] = through_gates
             else:
@@ -207,9 +209,9 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             grad_gates[t], grad_projected[t] = step_gates, grad_step
         # Weight gradients: one matmul over every step's rows, per direction.
         if ctx.steps:
-            packed = lambda values: torch.cat(values, dim=1)  # noqa: E731  (directions, sum of rows, n)
-            grad_recurrent = torch.bmm(packed(hiddens).transpose(1, 2), packed(grad_gates))
-            grad_projection = torch.bmm(packed(cell_outputs).transpose(1, 2), packed(grad_projected))
+            packed = lambda values: padded_cat(values, dim=1)  # noqa: E731  (directions, sum of rows, n)
+            grad_recurrent = matmul(packed(hiddens).transpose(1, 2), packed(grad_gates))
+            grad_projection = matmul(packed(cell_outputs).transpose(1, 2), packed(grad_projected))
         else:  # no row read any step
             grad_recurrent, grad_projection = torch.zeros_like(recurrent), torch.zeros_like(projection)
         return (grad_input_gates.to(ctx.input_dtype), None, grad_cell, grad_hidden, grad_recurrent, grad_projection,
@@ -268,7 +270,7 @@ def _packed_input_gates(inputs, weights, bias, rows_at):
     step, row = (torch.arange(rows) < torch.tensor(rows_at, dtype=torch.long).view(-1, 1)).nonzero(as_tuple=True)
     index = (step * directions * rows + row + torch.arange(directions)[:, None] * rows).to(inputs.device)
     read = inputs.reshape(-1, width)[index].to(weights.dtype)
-    gates = torch.bmm(read, weights.transpose(1, 2)).float() + bias[:, None]
+    gates = matmul(read, weights.transpose(1, 2)).float() + bias[:, None]
     # In place: this runs without autograd (`recurrence_layer`), and a copy would be one more padded tensor.
     flat = gates.new_zeros(time * directions * rows, gates.shape[-1])
     flat.index_copy_(0, index.flatten(), gates.flatten(0, 1))

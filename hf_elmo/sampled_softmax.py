@@ -10,8 +10,13 @@ maths is the plain formula's, `-log_softmax([true, sampled])[0]`, as the tests c
 """
 
 import torch
+from torch import nn
 
 from . import log_uniform_sampler
+from .cpu_tuning import matmul, onednn_trains, padded_rows
+
+# Rows of scores that one oneDNN product computes (`SampledSoftmaxLoss.forward`): 8 MB of scores for 8192 negatives.
+SCORE_BLOCK_ROWS = 256
 
 
 class SampledSoftmaxLoss(torch.autograd.Function):
@@ -28,26 +33,41 @@ class SampledSoftmaxLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, sampled_weight, sampled_shift, true_logits, hit_columns, hit_values):
-        scores = (hidden @ sampled_weight.t()).float()  # in bf16, one fp32 copy; in fp32 the product itself
+        positions = len(hidden)
+        rows = padded_rows(positions) if onednn_trains(hidden) else positions
+        if rows == positions:
+            padded_scores = (hidden @ sampled_weight.t()).float()  # in bf16, one fp32 copy; in fp32 the product
+        else:
+            # The products go to oneDNN (`cpu_tuning.matmul`), on its padded row count: the scores get it at once,
+            # zero rows past the positions, so that the backward's products need no padded copy of them. oneDNN
+            # returns a new tensor, and one of the scores' size at each step left glibc's kept heap 1.6 GiB larger
+            # (benchmarks/README.md): the scores are computed in blocks of rows, each copied into them.
+            hidden = nn.functional.pad(hidden, (0, 0, 0, rows - positions))
+            padded_scores = hidden.new_empty(rows, len(sampled_weight))
+            for block in range(0, rows, SCORE_BLOCK_ROWS):
+                part = slice(block, block + SCORE_BLOCK_ROWS)
+                padded_scores[part] = matmul(hidden[part], sampled_weight.t())
+        scores = padded_scores[:positions]
         scores.add_(sampled_shift)
-        rows = torch.arange(len(scores), device=scores.device)
+        rows = torch.arange(positions, device=scores.device)
         scores.index_put_((rows, hit_columns), hit_values, accumulate=True)
         top = torch.maximum(scores.amax(dim=1), true_logits)
-        probabilities = scores.sub_(top[:, None]).exp_()  # unnormalised: divided by `total` in the backward
+        scores.sub_(top[:, None]).exp_()  # unnormalised probabilities: divided by `total` in the backward
         true_probability = (true_logits - top).exp()
-        total = probabilities.sum(dim=1) + true_probability
-        ctx.save_for_backward(hidden, sampled_weight, probabilities, true_probability, total)
+        total = scores.sum(dim=1) + true_probability
+        ctx.save_for_backward(hidden, sampled_weight, padded_scores, true_probability, total)
         return top + total.log() - true_logits
 
     @staticmethod
     def backward(ctx, grad_loss):
-        hidden, sampled_weight, probabilities, true_probability, total = ctx.saved_tensors
+        hidden, sampled_weight, padded_probabilities, true_probability, total = ctx.saved_tensors
+        positions = len(total)
         scale = grad_loss / total
-        grad_scores = probabilities.mul_(scale[:, None])  # d loss / d score = its softmax probability
-        grad_shift = grad_scores.sum(dim=0)
-        grad_scores = grad_scores.to(hidden.dtype)
-        grad_hidden = grad_scores @ sampled_weight
-        grad_weight = grad_scores.t() @ hidden
+        # d loss / d score = its softmax probability (the padding rows stay zero)
+        grad_shift = padded_probabilities[:positions].mul_(scale[:, None]).sum(dim=0)
+        grad_scores = padded_probabilities.to(hidden.dtype)
+        grad_hidden = matmul(grad_scores, sampled_weight)[:positions]
+        grad_weight = matmul(grad_scores.t(), hidden)
         grad_true_logits = true_probability * scale - grad_loss
         return grad_hidden, grad_weight, grad_shift, grad_true_logits, None, None
 

@@ -56,3 +56,21 @@ def fresh_accelerate_state():
     yield
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+
+
+@pytest.fixture
+def onednn_products(monkeypatch):
+    """Training's products on oneDNN (`cpu_tuning.matmul`) whatever their size and this machine's measurement; yields
+    the list of products it ran, by their operands' shapes."""
+    import torch
+
+    from hf_elmo import cpu_tuning
+
+    if not cpu_tuning.has_onednn_linear(torch.empty(1)):
+        pytest.skip("torch built without oneDNN")
+    products, linear = [], cpu_tuning._linear
+    monkeypatch.setattr(cpu_tuning, "MIN_ONEDNN_MACS", 0)
+    monkeypatch.setitem(cpu_tuning._ONEDNN_TRAINS, torch.get_num_threads(), True)
+    monkeypatch.setattr(cpu_tuning, "_linear", lambda x, w: products.append((x.shape, w.shape)) or linear(x, w))
+    monkeypatch.delenv(cpu_tuning.TUNING_VARIABLE, raising=False)
+    yield products

@@ -305,8 +305,10 @@ def test_carried_state_matches_reference(model, implementation):
     assert max_diff(fresh.hidden_states[1:], fast.hidden_states[1:]) > 1e-2
 
 
+@pytest.mark.parametrize("products", ["measured", "onednn"])
 @pytest.mark.parametrize("implementation", TUNED)
-def test_gradients_match_reference(implementation):
+def test_gradients_match_reference(implementation, products, request):
+    onednn = request.getfixturevalue("onednn_products") if products == "onednn" else None
     model = make_model(seed=3).train()
     ids = make_batch([6, 2, 9], seed=4)
     generator = torch.Generator().manual_seed(0)
@@ -330,6 +332,13 @@ def test_gradients_match_reference(implementation):
         assert (a - b).abs().max().item() <= 1e-5 * scale, name
     # Every parameter gets a gradient, the LSTM ones are not trivial.
     assert reference[names.index("bilstm.backward_layers.1.recurrent_proj.weight")].abs().max() > 1e-3
+    if onednn is not None:
+        # Each step's products, forward and backward (3 rows by a recurrent weight of 8 x 96), and the weight
+        # gradients over the positions the steps computed, zeros added up to `padded_rows`: packed ("cpu"), the 23
+        # read, as 24; static ("cuda"), 3 rows x 11 steps, as 36.
+        summed = {"cpu": 24, "cuda": 36}[implementation]
+        shapes = {(tuple(x), tuple(w)) for x, w in onednn}
+        assert {((3, 8), (96, 8)), ((3, 96), (8, 96)), ((8, summed), (96, summed))} <= shapes, shapes
 
 
 @pytest.mark.parametrize("implementation", ["reference", *TUNED])
@@ -699,6 +708,66 @@ def test_a_onednn_that_fails_leaves_the_blas_ways(monkeypatch):
 
     monkeypatch.setattr(cpu_tuning, "onednn_product", failing)
     assert cpu_tuning._time_products(torch.randn(48, 16), 3)[0] in (cpu_tuning.PLAIN, cpu_tuning.BLOCKED)
+
+
+def test_padded_rows_bounds_the_shapes_a_run_meets_for_at_most_an_eighth_more_work():
+    assert [cpu_tuning.padded_rows(n) for n in (0, 1, 9, 16, 17, 33, 64, 65, 1000, 3524, 8192)] == [
+        0, 1, 9, 16, 18, 36, 64, 72, 1024, 3584, 8192]
+    padded = [cpu_tuning.padded_rows(n) for n in range(1, 8193)]
+    assert all(n <= p <= n * 9 / 8 for n, p in zip(range(1, 8193), padded))
+    assert len(set(padded)) == 88  # 16 counts as they are, then 8 per power of 2
+
+
+@pytest.mark.parametrize("layout", ["rows", "transposed", "batched"])
+def test_training_matmul_on_onednn_equals_the_product(layout, onednn_products):
+    generator = torch.Generator().manual_seed(3)
+    if layout == "rows":  # 37 rows and 100 terms, computed as 40 and 104 (zeros added)
+        a, b = torch.randn(37, 100, generator=generator), torch.randn(100, 48, generator=generator)
+    elif layout == "transposed":  # a weight gradient's 160 positions (built padded), the larger operand transposed
+        a, b = torch.randn(160, 64, generator=generator).t(), torch.randn(160, 24, generator=generator)
+    else:  # both directions at once, the right operand a transposed view as the recurrence passes its weights
+        a, b = torch.randn(2, 19, 24, generator=generator), torch.randn(2, 40, 24, generator=generator).transpose(1, 2)
+    product = cpu_tuning.matmul(a, b)
+    assert product.shape == (*a.shape[:-1], b.shape[-1])
+    for index in range(2 if layout == "batched" else 1):
+        pair = (a[index], b[index]) if layout == "batched" else (a, b)
+        assert_within_matmul_rounding(product[index] if layout == "batched" else product, *pair)
+    # The transposed product is computed as (b.T @ a.T).T, reading `a` as it lies.
+    expected = {"rows": [((40, 104), (48, 104))], "transposed": [((24, 160), (64, 160))],
+                "batched": [((20, 24), (40, 24))] * 2}[layout]
+    assert [(tuple(x), tuple(w)) for x, w in onednn_products] == expected
+
+
+def test_training_matmul_stays_on_the_blas_where_onednn_does_not_pay(onednn_products, monkeypatch):
+    a, b = torch.randn(8, 16), torch.randn(16, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cpu_tuning.matmul(a, b)  # autocast's products are torch's
+    cpu_tuning.matmul(a.double(), b.double())
+    cpu_tuning.matmul(a.to("meta"), b.to("meta"))
+    monkeypatch.setenv(cpu_tuning.TUNING_VARIABLE, "fixed")
+    assert torch.equal(cpu_tuning.matmul(a, b), a @ b)
+    monkeypatch.delenv(cpu_tuning.TUNING_VARIABLE)
+    monkeypatch.setitem(cpu_tuning._ONEDNN_TRAINS, torch.get_num_threads(), False)  # measured no faster here
+    cpu_tuning.matmul(a, b)
+    assert onednn_products == []
+    monkeypatch.setitem(cpu_tuning._ONEDNN_TRAINS, torch.get_num_threads(), True)
+    monkeypatch.setattr(cpu_tuning, "MIN_ONEDNN_MACS", 8 * 16 * 32 + 1)  # one multiply-add short
+    cpu_tuning.matmul(a, b)
+    assert onednn_products == []
+    # A weight gradient's positions are built padded only where oneDNN multiplies.
+    parts = [torch.ones(2, 9, 3), torch.ones(2, 8, 3)]
+    padded = cpu_tuning.padded_cat(parts, dim=1)
+    assert padded.shape == (2, 18, 3) and padded[:, :17].eq(1).all() and padded[:, 17:].eq(0).all()
+    monkeypatch.setitem(cpu_tuning._ONEDNN_TRAINS, torch.get_num_threads(), False)
+    assert torch.equal(cpu_tuning.padded_cat(parts, dim=1), torch.cat(parts, dim=1))
+
+
+def test_training_products_stay_on_the_blas_where_onednn_fails(monkeypatch):
+    def failing(*args, **kwargs):
+        raise RuntimeError("no oneDNN kernel for this platform")
+
+    monkeypatch.setattr(cpu_tuning, "_linear", failing)
+    assert cpu_tuning._onednn_is_faster_for_training() is False
 
 
 def test_a_training_step_compiles_into_one_graph():

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForPreTraining, AutoTokenizer
 
 from hf_elmo import ElmoConfig, ElmoForPreTraining, ElmoModel, ElmoTokenizer
-from hf_elmo import run_record
+from hf_elmo import run_record, sampled_softmax
 from hf_elmo.cli import pretrain_main
 from hf_elmo.log_uniform_sampler import log_uniform_expected_count, sample_log_uniform_candidates
 from hf_elmo.pretraining import COMPILED_LENGTH_BUCKET, latest_checkpoint, padding_multiple
@@ -210,6 +210,42 @@ def test_sparse_softmax_gradients_give_the_weights_of_the_dense_update():
     # The update moved the softmax rows it used and no other.
     moved = (dense["softmax.weight"] != initial["softmax.weight"]).any(1)
     assert 64 < int(moved.sum()) < 5000 // 4
+
+
+@pytest.mark.parametrize("products", ["blas", "onednn"])
+def test_sampled_softmax_loss_and_gradients_are_the_plain_formulas(products, request, monkeypatch):
+    # 300 positions, 1024 negatives: on oneDNN the scores get 320 rows (`padded_rows`), zeros past the positions,
+    # computed in blocks of rows; no padding row may reach the loss or a gradient.
+    from hf_elmo import cpu_tuning
+    from hf_elmo.sampled_softmax import SampledSoftmaxLoss
+
+    if products == "onednn":
+        onednn = request.getfixturevalue("onednn_products")
+        monkeypatch.setattr(sampled_softmax, "SCORE_BLOCK_ROWS", 128)
+    else:
+        monkeypatch.setenv(cpu_tuning.TUNING_VARIABLE, "fixed")
+    generator = torch.Generator().manual_seed(5)
+    hidden, weight = torch.randn(300, 64, generator=generator), torch.randn(1024, 64, generator=generator) * 0.3
+    shift, true_logits = torch.randn(1024, generator=generator), torch.randn(300, generator=generator)
+    hit_columns = torch.randint(0, 1024, (300,), generator=generator)
+    hit_values = torch.where(torch.arange(300) % 7 == 0, float("-inf"), 0.0)  # every 7th target is a negative too
+    leaves = [t.clone().double().requires_grad_() for t in (hidden, weight, shift, true_logits)]
+    scores = leaves[0] @ leaves[1].t() + leaves[2]
+    scores = scores.index_put((torch.arange(300), hit_columns), hit_values.double(), accumulate=True)
+    expected = -torch.log_softmax(torch.cat([leaves[3][:, None], scores], dim=1), dim=1)[:, 0]
+    upstream = torch.rand(300, generator=generator)
+    expected_gradients = torch.autograd.grad(expected, leaves, upstream.double())
+
+    ours = [t.clone().requires_grad_() for t in (hidden, weight, shift, true_logits)]
+    losses = SampledSoftmaxLoss.apply(*ours, hit_columns, hit_values)
+    gradients = torch.autograd.grad(losses, ours, upstream)
+    torch.testing.assert_close(losses.double(), expected.detach(), rtol=1e-5, atol=1e-5)
+    for name, got, wanted in zip(("hidden", "weight", "shift", "true logits"), gradients, expected_gradients):
+        assert got.shape == wanted.shape, name
+        torch.testing.assert_close(got.double(), wanted, rtol=1e-5, atol=1e-6, msg=name)
+    if products == "onednn":
+        # The scores in 3 blocks of rows (128, 128 and 64), then the backward's two products on 320 rows.
+        assert [tuple(x) for x, _ in onednn] == [(128, 64), (128, 64), (64, 64), (320, 1024), (64, 320)]
 
 
 def test_clip_gradient_norm_is_torchs_on_dense_gradients():
