@@ -25,6 +25,8 @@ workers as in training. Tokens are what the LMs predict: words + one `</S>` per 
   inside: its split is data, `accumulate` (forward and backward) and `update` (clipping and Adagrad).
 - `pipeline_tokens_per_s`: the data pipeline alone (read, split, shuffle, encode, nothing else), in the training
   process (`workers_0`) and with `--num-workers` workers, and its ratio to `tokens_per_s`.
+- `cpu_products`: on a CPU, where the step's large fp32 products ran: `onednn` where this process measured oneDNN
+  clearly faster than the BLAS (`hf_elmo.cpu_tuning.onednn_trains`), else `blas`.
 - `peak_memory_mib`: peak GPU memory allocated (cuda) or the process's peak RSS (cpu, VmHWM, which includes the
   Python/torch runtime).
 
@@ -56,6 +58,7 @@ sys.path.insert(0, REPO_ROOT)
 
 import bench_utils  # noqa: E402  (run as a script: its folder is on sys.path)
 
+from hf_elmo import cpu_tuning  # noqa: E402
 from hf_elmo.configuration_elmo import implementation_name  # noqa: E402
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG  # noqa: E402
 from hf_elmo.pretraining import LossWindow, PretrainingRun  # noqa: E402
@@ -417,6 +420,9 @@ def main():
         "elmo_implementation": sections.implementation,
         "softmax_negatives": 8192,
         "softmax_gradient": "sparse" if sparse_softmax else "dense",
+        # Where a CPU step's large fp32 products ran: oneDNN where this process measured it faster (cpu_tuning).
+        "cpu_products": ("onednn" if cpu_tuning.onednn_trains(torch.empty(0)) else "blas") if device.type == "cpu"
+        else None,
         "steps": args.steps,
         "max_sentence_words": args.max_sentence_words,
         **common,

@@ -294,16 +294,22 @@ def onednn_trains(tensor: torch.Tensor) -> bool:
     return _ONEDNN_TRAINS[threads]
 
 
+def onednn_multiplies(tensor: torch.Tensor, macs: int) -> bool:
+    """Whether a product of `macs` multiply-adds with operands like `tensor` goes to oneDNN: at least
+    `MIN_ONEDNN_MACS` of them, and `onednn_trains`."""
+    return macs >= MIN_ONEDNN_MACS and onednn_trains(tensor)
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     `a @ b` for 2-D operands, or 3-D ones batched over their first dim, where nothing records autograd (inside a
-    hand-written forward or backward): through oneDNN's fp32 linear where `onednn_trains` and the product has
-    `MIN_ONEDNN_MACS`, else `torch.matmul`. oneDNN computes `padded_rows` rows and positions (zeros added, and the
+    hand-written forward or backward): through oneDNN's fp32 linear where `onednn_multiplies`, else
+    `torch.matmul`. oneDNN computes `padded_rows` rows and positions (zeros added, and the
     extra rows dropped); callers whose operands would be costly to pad build them padded (`padded_cat`). The
     result may be a transposed view.
     """
     macs = a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
-    if macs < MIN_ONEDNN_MACS or not onednn_trains(a) or b.dtype != torch.float32:
+    if not onednn_multiplies(a, macs) or b.dtype != torch.float32:
         return torch.matmul(a, b)
     if a.dim() == 2:
         return _onednn_matmul(a, b)

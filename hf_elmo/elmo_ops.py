@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from .cpu_tuning import matmul, padded_cat
+from .cpu_tuning import matmul, onednn_multiplies, padded_cat, padded_rows
 from .modeling_elmo import (
     bidirectional_output,
     clip,
@@ -244,9 +244,9 @@ def recurrence_layer(layers, inputs, cell, hidden, active=None, rows_at=None):
     if rows_at is None or any(needs_autograd(layer, inputs) for layer in layers):
         # The bias broadcast over rows before it is added: its gradient is then a sum over time and one over rows,
         # where one sum over both (non-adjacent) dims runs ~15x slower on the CPU (20 ms a layer on the recipe config).
-        input_gates = torch.einsum("tdrp,dgp->tdrg", inputs.to(dtype), stacked("input_proj")).float() + bias[
-            None, :, None
-        ].expand(1, -1, inputs.shape[2], -1)
+        input_gates = input_products(inputs.to(dtype), stacked("input_proj")).float() + bias[None, :, None].expand(
+            1, -1, inputs.shape[2], -1
+        )
     else:
         input_gates = _packed_input_gates(inputs, stacked("input_proj"), bias, rows_at)
     recurrent = stacked("recurrent_proj").transpose(1, 2)
@@ -257,6 +257,53 @@ def recurrence_layer(layers, inputs, cell, hidden, active=None, rows_at=None):
         projection = torch.eye(lstm_dim, device=inputs.device, dtype=dtype).expand(len(layers), -1, -1)
     return ClippedLstmRecurrence.apply(input_gates, active, cell.float(), hidden.to(dtype), recurrent, projection,
                                        first.cell_clip, first.proj_clip, rows_at)
+
+
+def input_products(inputs, weights):
+    """`inputs` `(time, directions, rows, width)` by each direction's `weights` `(gates, width)`: the input part of
+    the gates without the bias, `(time, directions, rows, gates)`. Where `cpu_tuning.matmul` hands products to
+    oneDNN, through `_InputProducts` (so that autograd's backward is oneDNN's too); elsewhere `torch.einsum`."""
+    if not onednn_multiplies(inputs, inputs.numel() * weights.shape[1]):
+        return torch.einsum("tdrp,dgp->tdrg", inputs, weights)
+    return _InputProducts.apply(inputs, weights)
+
+
+class _InputProducts(torch.autograd.Function):
+    """`input_products` on `cpu_tuning.matmul`, forward and backward: each direction's positions as the rows of one
+    product, laid out once with `padded_rows` rows (zeros past the positions) so that both of the backward's
+    products read them as they lie."""
+
+    @staticmethod
+    def forward(ctx, inputs, weights):
+        time, directions, rows, _ = inputs.shape
+        positions = time * rows
+        ctx.shape = inputs.shape
+        padded_inputs = rows_by_direction(inputs)
+        ctx.save_for_backward(padded_inputs, weights)
+        gates = matmul(padded_inputs, weights.transpose(1, 2))[:, :positions]
+        return gates.view(directions, time, rows, -1).permute(1, 0, 2, 3)
+
+    @staticmethod
+    def backward(ctx, grad_gates):
+        padded_inputs, weights = ctx.saved_tensors
+        time, directions, rows, width = ctx.shape
+        padded_grad = rows_by_direction(grad_gates)
+        grad_inputs = grad_weights = None
+        if ctx.needs_input_grad[0]:
+            grad_inputs = matmul(padded_grad, weights)[:, : time * rows]
+            grad_inputs = grad_inputs.reshape(directions, time, rows, width).permute(1, 0, 2, 3)
+        if ctx.needs_input_grad[1]:
+            grad_weights = matmul(padded_grad.transpose(1, 2), padded_inputs)
+        return grad_inputs, grad_weights
+
+
+def rows_by_direction(values):
+    """`(time, directions, rows, n)` -> `(directions, padded_rows(time * rows), n)`: each direction's positions as
+    rows, time-major, then zero rows."""
+    time, directions, rows, width = values.shape
+    laid_out = values.new_zeros(directions, padded_rows(time * rows), width)
+    laid_out[:, : time * rows].view(directions, time, rows, width).copy_(values.permute(1, 0, 2, 3))
+    return laid_out
 
 
 def _packed_input_gates(inputs, weights, bias, rows_at):

@@ -336,9 +336,12 @@ def test_gradients_match_reference(implementation, products, request):
         # Each step's products, forward and backward (3 rows by a recurrent weight of 8 x 96), and the weight
         # gradients over the positions the steps computed, zeros added up to `padded_rows`: packed ("cpu"), the 23
         # read, as 24; static ("cuda"), 3 rows x 11 steps, as 36.
+        # The input products, forward and backward, have every position of 3 rows x 11 steps as a row (36 with
+        # the padding).
         summed = {"cpu": 24, "cuda": 36}[implementation]
         shapes = {(tuple(x), tuple(w)) for x, w in onednn}
-        assert {((3, 8), (96, 8)), ((3, 96), (8, 96)), ((8, summed), (96, summed))} <= shapes, shapes
+        assert {((3, 8), (96, 8)), ((3, 96), (8, 96)), ((8, summed), (96, summed)), ((36, 8), (96, 8)),
+                ((36, 96), (8, 96))} <= shapes, shapes
 
 
 @pytest.mark.parametrize("implementation", ["reference", *TUNED])
