@@ -16,9 +16,11 @@ cost 2% of "small"'s speed): every product is then plain BLAS and every step com
 timing at all. Results are the same function either way; the tests hold every way to the reference.
 """
 
+import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -186,27 +188,34 @@ def _time_products(weight: torch.Tensor, columns: int) -> tuple[str, float]:
         # A matrix-vector product is never worth blocking.
         if columns > 1 and w.shape[0] % row_blocks(w) == 0:
             candidates.append(BLOCKED)
-        if has_onednn_linear(w) and _onednn_runs(w, x, out):
+        if has_onednn_linear(w) and _onednn_runs(onednn_product, w, x, out):
             candidates.append(ONEDNN)
-        best = dict.fromkeys(candidates, float("inf"))
-        for _ in range(3):
-            for way in candidates:
-                start = time.perf_counter()
-                _PRODUCTS_BY_WAY[way](w, x, out, out)
-                best[way] = min(best[way], time.perf_counter() - start)
+        best = _best_times({way: functools.partial(_PRODUCTS_BY_WAY[way], w, x, out, out) for way in candidates})
     way = fastest_way(best)
     return way, best[way]
 
 
-def _onednn_runs(weight: torch.Tensor, columns: torch.Tensor, out: torch.Tensor) -> bool:
-    """Whether oneDNN's op runs this product here: a torch build may register it for a platform where it fails
-    (it is private to torch's compiler); such a build simply keeps the BLAS."""
+def _onednn_runs(product, *operands: torch.Tensor) -> bool:
+    """Whether `product(*operands)`, a product by oneDNN's op, runs here: a torch build may register the op for a
+    platform where it fails (it is private to torch's compiler); such a build simply keeps the BLAS."""
     try:
-        onednn_product(weight, columns, out=out)
+        product(*operands)
     except RuntimeError as error:
-        logger.debug("oneDNN's fp32 linear failed on a %s product (%s); using the BLAS", tuple(weight.shape), error)
+        shapes = " by ".join(str(tuple(operand.shape)) for operand in operands[:2])
+        logger.debug("oneDNN's fp32 linear failed on a %s product (%s); using the BLAS", shapes, error)
         return False
     return True
+
+
+def _best_times(runs: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Each run's best time of three, the runs interleaved (a slow moment of the machine falls on all of them)."""
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(3):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def fastest_way(seconds: dict[str, float]) -> str:
@@ -347,6 +356,11 @@ def _onednn_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _linear(a, b.t())[:rows]
 
 
+def _each_product(product, operands) -> None:
+    for left, right in operands:
+        product(left, right)
+
+
 def _onednn_is_faster_for_training() -> bool:
     generator = torch.Generator().manual_seed(0)
     operands = []
@@ -354,20 +368,11 @@ def _onednn_is_faster_for_training() -> bool:
         left = torch.randn(inner, rows, generator=generator).t() if transposed else torch.randn(rows, inner,
                                                                                                  generator=generator)
         operands.append((left, torch.randn(inner, columns, generator=generator)))
-    ways = {PLAIN: torch.matmul, ONEDNN: _onednn_matmul}
-    try:
-        _onednn_matmul(*operands[0])
-    except RuntimeError as error:
-        logger.debug("oneDNN's fp32 linear failed on a training product (%s); using the BLAS", error)
+    if not _onednn_runs(_onednn_matmul, *operands[0]):
         return False
-    best = dict.fromkeys(ways, float("inf"))
     with torch.no_grad():
-        for _ in range(3):  # the best of three, the ways interleaved
-            for way, product in ways.items():
-                start = time.perf_counter()
-                for left, right in operands:
-                    product(left, right)
-                best[way] = min(best[way], time.perf_counter() - start)
+        best = _best_times({way: functools.partial(_each_product, product, operands)
+                            for way, product in ((PLAIN, torch.matmul), (ONEDNN, _onednn_matmul))})
     faster = fastest_way(best) == ONEDNN
     logger.info("Training's fp32 products go to %s (measured here: BLAS %.2f ms, oneDNN %.2f ms)",
                 "oneDNN" if faster else "the BLAS", best[PLAIN] * 1e3, best[ONEDNN] * 1e3)
