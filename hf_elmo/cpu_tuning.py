@@ -293,9 +293,9 @@ def onednn_trains(tensor: torch.Tensor) -> bool:
     """Whether `matmul` hands products of tensors like `tensor` (those large enough) to oneDNN: fp32 on a CPU,
     outside `torch.compile` and CPU autocast, with oneDNN measured clearly faster in this process (never with
     `HF_ELMO_CPU_TUNING=fixed`)."""
-    if torch.compiler.is_compiling() or tensor.device.type != "cpu" or torch.is_autocast_enabled("cpu"):
+    if torch.compiler.is_compiling() or torch.is_autocast_enabled("cpu"):
         return False
-    if not has_onednn_linear(tensor) or tuning_is_fixed():
+    if not has_onednn_linear(tensor) or tuning_is_fixed():  # a CPU fp32 tensor, oneDNN built in and on
         return False
     threads = torch.get_num_threads()
     if threads not in _ONEDNN_TRAINS:
@@ -325,11 +325,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.stack([_onednn_matmul(left, right) for left, right in zip(a, b)])
 
 
-def padded_cat(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
-    """`torch.cat(tensors, dim)`, with zeros after them up to `padded_rows` of the total where `onednn_trains`:
-    the summed positions of a weight gradient, built once at the size `matmul` multiplies."""
+def padded_cat(tensors: list[torch.Tensor], dim: int, macs_per_row: int) -> torch.Tensor:
+    """`torch.cat(tensors, dim)`, with zeros after them up to `padded_rows` of the total where the product that
+    sums over them, of `macs_per_row` multiply-adds per row, goes to oneDNN (`onednn_multiplies`): the summed
+    positions of a weight gradient, built once at the size `matmul` multiplies. Products that stay on the BLAS
+    sum exactly the rows given, as they did before oneDNN was measured."""
     total = sum(t.shape[dim] for t in tensors)
-    extra = padded_rows(total) - total if onednn_trains(tensors[0]) else 0
+    extra = padded_rows(total) - total if onednn_multiplies(tensors[0], total * macs_per_row) else 0
     if extra:
         shape = list(tensors[0].shape)
         shape[dim] = extra

@@ -3,8 +3,8 @@ schedules of rows it runs (every row every step, or rows packed longest first): 
 (`elmo_cuda.py`) and the "cpu" one's with autograd (`elmo_cpu.py`). The LSTM maths itself (the step,
 clipping, the forget-bias fold, reversal, layer stacking, the output layout) is the model's (`modeling_elmo.py`),
 imported from there; this module adds the step's backward and the recurrence around it. Its products go through
-`cpu_tuning.matmul` (oneDNN on CPUs where that measures faster; torch's own product elsewhere). It comes with `pip install
-hf-elmo`, not with a saved folder's code.
+`cpu_tuning.matmul` (oneDNN on CPUs where that measures faster; torch's own product elsewhere). It comes with
+`pip install hf-elmo`, not with a saved folder's code.
 """
 
 import functools
@@ -209,9 +209,12 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             grad_gates[t], grad_projected[t] = step_gates, grad_step
         # Weight gradients: one matmul over every step's rows, per direction.
         if ctx.steps:
-            packed = lambda values: padded_cat(values, dim=1)  # noqa: E731  (directions, sum of rows, n)
-            grad_recurrent = matmul(packed(hiddens).transpose(1, 2), packed(grad_gates))
-            grad_projection = matmul(packed(cell_outputs).transpose(1, 2), packed(grad_projected))
+            # (directions, sum of rows, n), both operands of a product padded alike: a summed row costs one
+            # multiply-add per weight value.
+            packed = lambda values, weight: padded_cat(values, 1, weight.numel())  # noqa: E731
+            grad_recurrent = matmul(packed(hiddens, recurrent).transpose(1, 2), packed(grad_gates, recurrent))
+            grad_projection = matmul(packed(cell_outputs, projection).transpose(1, 2),
+                                     packed(grad_projected, projection))
         else:  # no row read any step
             grad_recurrent, grad_projection = torch.zeros_like(recurrent), torch.zeros_like(projection)
         return (grad_input_gates.to(ctx.input_dtype), None, grad_cell, grad_hidden, grad_recurrent, grad_projection,
@@ -291,7 +294,7 @@ class _InputProducts(torch.autograd.Function):
         grad_inputs = grad_weights = None
         if ctx.needs_input_grad[0]:
             grad_inputs = matmul(padded_grad, weights)[:, : time * rows]
-            grad_inputs = grad_inputs.reshape(directions, time, rows, width).permute(1, 0, 2, 3)
+            grad_inputs = grad_inputs.view(directions, time, rows, width).permute(1, 0, 2, 3)
         if ctx.needs_input_grad[1]:
             grad_weights = matmul(padded_grad.transpose(1, 2), padded_inputs)
         return grad_inputs, grad_weights

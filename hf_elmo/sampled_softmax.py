@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from . import log_uniform_sampler
-from .cpu_tuning import matmul, onednn_trains, padded_rows
+from .cpu_tuning import matmul, onednn_multiplies, padded_rows
 
 # Rows of scores that one oneDNN product computes (`SampledSoftmaxLoss.forward`): 8 MB of scores for 8192 negatives.
 SCORE_BLOCK_ROWS = 256
@@ -34,17 +34,18 @@ class SampledSoftmaxLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, sampled_weight, sampled_shift, true_logits, hit_columns, hit_values):
         positions = len(hidden)
-        rows = padded_rows(positions) if onednn_trains(hidden) else positions
-        if rows == positions:
+        onednn = onednn_multiplies(hidden, hidden.numel() * len(sampled_weight))
+        padded = padded_rows(positions) if onednn else positions
+        if padded == positions:
             padded_scores = (hidden @ sampled_weight.t()).float()  # in bf16, one fp32 copy; in fp32 the product
         else:
             # The products go to oneDNN (`cpu_tuning.matmul`), on its padded row count: the scores get it at once,
             # zero rows past the positions, so that the backward's products need no padded copy of them. oneDNN
             # returns a new tensor, and one of the scores' size at each step left glibc's kept heap 1.6 GiB larger
             # (benchmarks/README.md): the scores are computed in blocks of rows, each copied into them.
-            hidden = nn.functional.pad(hidden, (0, 0, 0, rows - positions))
-            padded_scores = hidden.new_empty(rows, len(sampled_weight))
-            for block in range(0, rows, SCORE_BLOCK_ROWS):
+            hidden = nn.functional.pad(hidden, (0, 0, 0, padded - positions))
+            padded_scores = hidden.new_empty(padded, len(sampled_weight))
+            for block in range(0, padded, SCORE_BLOCK_ROWS):
                 part = slice(block, block + SCORE_BLOCK_ROWS)
                 padded_scores[part] = matmul(hidden[part], sampled_weight.t())
         scores = padded_scores[:positions]

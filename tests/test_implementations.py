@@ -757,12 +757,14 @@ def test_training_matmul_stays_on_the_blas_where_onednn_does_not_pay(onednn_prod
     monkeypatch.setattr(cpu_tuning, "MIN_ONEDNN_MACS", 8 * 16 * 32 + 1)  # one multiply-add short
     cpu_tuning.matmul(a, b)
     assert onednn_products == []
-    # A weight gradient's positions are built padded only where oneDNN multiplies.
+    # A weight gradient's positions are built padded only where its product goes to oneDNN: 17 summed rows of 241
+    # multiply-adds each make the 4,097 above, of 240 they do not.
     parts = [torch.ones(2, 9, 3), torch.ones(2, 8, 3)]
-    padded = cpu_tuning.padded_cat(parts, dim=1)
+    padded = cpu_tuning.padded_cat(parts, 1, 241)
     assert padded.shape == (2, 18, 3) and padded[:, :17].eq(1).all() and padded[:, 17:].eq(0).all()
+    assert torch.equal(cpu_tuning.padded_cat(parts, 1, 240), torch.cat(parts, dim=1))
     monkeypatch.setitem(cpu_tuning._ONEDNN_TRAINS, torch.get_num_threads(), False)
-    assert torch.equal(cpu_tuning.padded_cat(parts, dim=1), torch.cat(parts, dim=1))
+    assert torch.equal(cpu_tuning.padded_cat(parts, 1, 241), torch.cat(parts, dim=1))
 
 
 def test_training_products_stay_on_the_blas_where_onednn_fails(monkeypatch):
