@@ -190,7 +190,7 @@ def _time_products(weight: torch.Tensor, columns: int) -> tuple[str, float]:
             candidates.append(BLOCKED)
         if has_onednn_linear(w) and _onednn_runs(onednn_product, w, x, out):
             candidates.append(ONEDNN)
-        best = _best_times({way: functools.partial(_PRODUCTS_BY_WAY[way], w, x, out, out) for way in candidates})
+        best = best_times({way: functools.partial(_PRODUCTS_BY_WAY[way], w, x, out, out) for way in candidates})
     way = fastest_way(best)
     return way, best[way]
 
@@ -207,7 +207,7 @@ def _onednn_runs(product, *operands: torch.Tensor) -> bool:
     return True
 
 
-def _best_times(runs: dict[str, Callable[[], object]]) -> dict[str, float]:
+def best_times(runs: dict[str, Callable[[], object]]) -> dict[str, float]:
     """Each run's best time of three, the runs interleaved (a slow moment of the machine falls on all of them)."""
     best = dict.fromkeys(runs, float("inf"))
     for _ in range(3):
@@ -373,7 +373,7 @@ def _onednn_is_faster_for_training() -> bool:
     if not _onednn_runs(_onednn_matmul, *operands[0]):
         return False
     with torch.no_grad():
-        best = _best_times({way: functools.partial(_each_product, product, operands)
+        best = best_times({way: functools.partial(_each_product, product, operands)
                             for way, product in ((PLAIN, torch.matmul), (ONEDNN, _onednn_matmul))})
     faster = fastest_way(best) == ONEDNN
     logger.info("Training's fp32 products go to %s (measured here: BLAS %.2f ms, oneDNN %.2f ms)",

@@ -40,13 +40,12 @@ measured in benchmarks/README.md; the tests hold it to `INT8_FIXTURE_BOUND` on b
 
 import logging
 import os
-import time
 
 import torch
 from torch import nn
 
 from .configuration_elmo import ELMO_IMPLEMENTATIONS
-from .cpu_tuning import few_column_matmul, product_columns, tuning_is_fixed
+from .cpu_tuning import best_times, few_column_matmul, product_columns, tuning_is_fixed
 
 
 logger = logging.getLogger(__name__)
@@ -120,12 +119,7 @@ def measure_kernels(weight: torch.Tensor, quantized: "Int8Linear") -> dict[str, 
             runs = {"fp32": lambda: few_column_matmul(weight, columns, out, out),
                     "bf16-dot": lambda: widened.columns_product(columns, out, out),
                     "int8-pack": lambda: pack.columns_product(columns, out, out)}
-            best = dict.fromkeys(runs, float("inf"))
-            for _ in range(3):
-                for name, run in runs.items():
-                    start = time.perf_counter()
-                    run()
-                    best[name] = min(best[name], time.perf_counter() - start)
+            best = best_times(runs)
             for name in seconds:
                 seconds[name] += best[name]
     kernel = faster_kernel(seconds)
