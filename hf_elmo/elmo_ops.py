@@ -23,18 +23,17 @@ from .modeling_elmo import (
 )
 
 
-def lstm_cell_backward(gates, cell, grad_cell, grad_cell_output, active, cell_clip: float):
+def lstm_cell_backward(cell, activations, grad_cell, grad_cell_output, active, cell_clip: float, out=None):
     """
-    The backward of `lstm_cell` (row-major, `dim=-1`) at one step: `gates` the step's pre-activations, `cell` the
-    state before it, `grad_cell` the gradient of the state after it, `grad_cell_output` that of the cell's output.
-    `active` (bool, broadcast over rows; None: every row reads the step): a row that does not read the step keeps
-    its state, so its gradient passes through. Returns the gradient of the pre-activations (fp32) and of the state
-    before the step. Clipping passes no gradient where it clipped, as TensorFlow's `clip_by_value`.
+    The backward of `lstm_cell` (row-major, `dim=-1`) at one step: `cell` the state before it, `activations` the
+    step's, as `lstm_cell` returns them (`return_activations`), `grad_cell` the gradient of the state after it,
+    `grad_cell_output` that of the cell's output. `active` (bool, broadcast over rows; None: every row reads the
+    step): a row that does not read the step keeps its state, so its gradient passes through. Returns the gradient
+    of the pre-activations (fp32; written into `out` when given) and of the state before the step. Clipping passes
+    no gradient where it clipped, as TensorFlow's `clip_by_value`.
     """
-    in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=-1)
-    i, j, f, o = torch.sigmoid(in_gate), torch.tanh(candidate), torch.sigmoid(forget_gate), torch.sigmoid(out_gate)
-    unclipped = f * cell + i * j
-    tanh_cell = torch.tanh(clip(unclipped, cell_clip))
+    i, j, f, o, tanh_cell = activations
+    unclipped = f * cell + i * j  # as the forward computed it, before the clip
     grad_cell_output = grad_cell_output.float()
     grad_new = grad_cell if active is None else torch.where(active, grad_cell, 0.0)
     grad_new = grad_new + grad_cell_output * o * (1 - tanh_cell * tanh_cell)
@@ -42,7 +41,7 @@ def lstm_cell_backward(gates, cell, grad_cell, grad_cell_output, active, cell_cl
     grad_gates = torch.cat(
         [grad_new * j * i * (1 - i), grad_new * i * (1 - j * j), grad_new * cell * f * (1 - f),
          grad_cell_output * tanh_cell * o * (1 - o)],
-        dim=-1,
+        dim=-1, out=out,
     )
     return grad_gates, grad_new * f if active is None else torch.where(active, grad_new * f, grad_cell)
 
@@ -87,15 +86,16 @@ def _compiled(function):
 
 
 @_compiled
-def _step_forward(input_gates, recurrent_gates, cell, active, cell_clip: float, keep_gates: bool):
-    """`lstm_cell` on the sum of the input and recurrent parts of the gates, in fp32: the gates (kept for the
-    backward; None without `keep_gates`, so that inference writes none), the new cell (changed only where `active`)
-    and the cell's output in the matmul dtype."""
+def _step_forward(input_gates, recurrent_gates, cell, active, cell_clip: float, keep_activations: bool):
+    """`lstm_cell` on the sum of the input and recurrent parts of the gates, in fp32: the step's activations (kept
+    for the backward, which would otherwise compute its three sigmoids and two tanhs again; None without
+    `keep_activations`, so that inference writes none), the new cell (changed only where `active`) and the cell's
+    output in the matmul dtype."""
     gates = input_gates.float() + recurrent_gates.float()
-    new_cell, cell_output = lstm_cell(gates, cell, cell_clip)
+    new_cell, cell_output, activations = lstm_cell(gates, cell, cell_clip, return_activations=True)
     if active is not None:
         new_cell = torch.where(active, new_cell, cell)
-    return gates if keep_gates else None, new_cell, cell_output.to(recurrent_gates.dtype)
+    return activations if keep_activations else None, new_cell, cell_output.to(recurrent_gates.dtype)
 
 
 @_compiled
@@ -120,6 +120,12 @@ def _projection_backward(projected, grad_output, grad_hidden, active, proj_clip:
 
 # The step's backward, one fused kernel on CUDA as each of the forward's two are (eager, it is about 25 kernels).
 _step_backward = _compiled(lstm_cell_backward)
+
+
+# What the forward keeps of each step for the backward: `lstm_cell`'s activations, the state before the step, the
+# cell's output and the unclipped projection.
+SAVED_PER_STEP = ("in_gates", "candidates", "forget_gates", "out_gates", "tanh_cells", "cells", "hiddens",
+                  "cell_outputs", "projected")
 
 
 class ClippedLstmRecurrence(torch.autograd.Function):
@@ -151,7 +157,7 @@ class ClippedLstmRecurrence(torch.autograd.Function):
         # each new layout recompiled the step's kernels (training and packed inference in one process reached its
         # limit of 8 graphs per function, inductor on the CPU, after which a new layout runs eagerly).
         cell, hidden = cell.clone(), hidden.clone()
-        saved = {"gates": [], "cells": [], "hiddens": [], "cell_outputs": [], "projected": []}
+        saved = {name: [] for name in SAVED_PER_STEP}
         training = any(ctx.needs_input_grad)
         for t, rows in enumerate(schedule):
             if rows == 0:
@@ -159,20 +165,20 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             step_active = None if active is None else active[t, :, :rows]
             if rows < cell.shape[1]:  # the rows past their last step leave the state
                 cell, hidden = cell[:, :rows].contiguous(), hidden[:, :rows].contiguous()
-            gates, new_cell, cell_output = _step_forward(
+            activations, new_cell, cell_output = _step_forward(
                 input_gates[t, :, :rows], matmul(hidden, recurrent), cell, step_active, cell_clip, training
             )
             projected = matmul(cell_output, projection)
             new_hidden, outputs[t, :, :rows] = _projection_forward(projected, hidden, step_active, proj_clip)
             if training:
-                for name, value in zip(saved, (gates, cell, hidden, cell_output, projected)):
+                for name, value in zip(saved, (*activations, cell, hidden, cell_output, projected)):
                     saved[name].append(value)
             cell, hidden = new_cell, new_hidden
             # Rows whose last step this was keep this state as their final one.
             done = schedule[t + 1] if t + 1 < len(schedule) else 0
             final_cell[:, done:rows] = cell[:, done:]
             final_hidden[:, done:rows] = hidden[:, done:]
-        ctx.steps = len(saved["gates"])
+        ctx.steps = len(saved["cells"])
         ctx.schedule, ctx.clips, ctx.input_dtype = schedule, (cell_clip, proj_clip), input_gates.dtype
         if training:  # inference keeps nothing
             ctx.save_for_backward(active, recurrent, projection, *(v for values in saved.values() for v in values))
@@ -181,23 +187,31 @@ class ClippedLstmRecurrence(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_outputs, grad_final_cell, grad_final_hidden):
         active, recurrent, projection, *saved = ctx.saved_tensors
-        gates, cells, hiddens, cell_outputs, projected = (saved[i * ctx.steps : (i + 1) * ctx.steps] for i in range(5))
+        by_name = {name: saved[i * ctx.steps : (i + 1) * ctx.steps] for i, name in enumerate(SAVED_PER_STEP)}
+        activations = list(zip(*(by_name[name] for name in SAVED_PER_STEP[:5])))
+        cells, hiddens, cell_outputs, projected = (by_name[name] for name in SAVED_PER_STEP[5:])
         cell_clip, proj_clip = ctx.clips
         # The gradients of each row's state after the last step computed so far (going back): a row that does not
         # read a step passes its gradient on unchanged.
         grad_cell, grad_hidden = grad_final_cell.float().clone(), grad_final_hidden.float().clone()
         grad_input_gates = grad_outputs.new_zeros(*grad_outputs.shape[:3], recurrent.shape[-1], dtype=torch.float32)
         grad_gates, grad_projected = [None] * ctx.steps, [None] * ctx.steps
+        # Eager, each step's gradient of the gates is written into its place in the result (a copy fewer per step);
+        # a compiled kernel returns a tensor of its own, copied there.
+        into_result = grad_outputs.device.type not in COMPILED_DEVICE_TYPES and not torch.compiler.is_compiling()
         for t in reversed(range(ctx.steps)):
             rows = ctx.schedule[t]
             step_active = None if active is None else active[t, :, :rows]
             grad_step = _projection_backward(projected[t], grad_outputs[t, :, :rows], grad_hidden[:, :rows],
                                              step_active, proj_clip)
             grad_cell_output = matmul(grad_step, projection.transpose(1, 2))
+            result = grad_input_gates[t, :, :rows]
             step_gates, grad_cell[:, :rows] = _step_backward(
-                gates[t], cells[t], grad_cell[:, :rows], grad_cell_output, step_active, cell_clip
+                cells[t], activations[t], grad_cell[:, :rows], grad_cell_output, step_active, cell_clip,
+                result if into_result else None,
             )
-            grad_input_gates[t, :, :rows] = step_gates
+            if not into_result:
+                result.copy_(step_gates)
             step_gates = step_gates.to(recurrent.dtype)
             # The hidden state before the step reaches the loss through this step's gates, and (where the row did
             # not read the step) unchanged.

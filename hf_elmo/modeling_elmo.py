@@ -99,7 +99,7 @@ def fold_forget_bias(bias: torch.Tensor) -> torch.Tensor:
 
 
 def lstm_cell(gates: torch.Tensor, cell: torch.Tensor, cell_clip: float, dim: int = -1, in_place: bool = False,
-              new_cell: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              new_cell: torch.Tensor | None = None, return_activations: bool = False) -> tuple[torch.Tensor, ...]:
     """
     The element-wise part of one step of bilm-tf's LSTM (no peepholes): from the gate pre-activations (forget bias
     folded in) along `dim` and the cell state, the new cell state, clipped, and the cell's output `sigmoid(output) *
@@ -107,6 +107,9 @@ def lstm_cell(gates: torch.Tensor, cell: torch.Tensor, cell_clip: float, dim: in
 
     `in_place` (no autograd, the CPU inference path): the activations overwrite `gates`, the new cell goes into the
     buffer `new_cell`, and the output into the candidate's rows of `gates`; nothing is allocated.
+    `return_activations` (not in place): a third value, the step's activations `(sigmoid(input), tanh(candidate),
+    sigmoid(forget), sigmoid(output), tanh(new cell))`, which a hand-written backward reads instead of computing
+    them again (`elmo_ops.lstm_cell_backward`).
     """
     in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=dim)
     if in_place:
@@ -117,9 +120,12 @@ def lstm_cell(gates: torch.Tensor, cell: torch.Tensor, cell_clip: float, dim: in
         torch.mul(forget_gate, cell, out=new_cell).addcmul_(in_gate, candidate)
         clip(new_cell, cell_clip, in_place=True)
         return new_cell, torch.tanh(new_cell, out=candidate).mul_(out_gate)  # the candidate is spent
-    new_cell = torch.sigmoid(forget_gate) * cell + torch.sigmoid(in_gate) * torch.tanh(candidate)
-    new_cell = clip(new_cell, cell_clip)
-    return new_cell, torch.sigmoid(out_gate) * torch.tanh(new_cell)
+    i, j, f, o = torch.sigmoid(in_gate), torch.tanh(candidate), torch.sigmoid(forget_gate), torch.sigmoid(out_gate)
+    new_cell = clip(f * cell + i * j, cell_clip)
+    tanh_cell = torch.tanh(new_cell)
+    if return_activations:
+        return new_cell, o * tanh_cell, (i, j, f, o, tanh_cell)
+    return new_cell, o * tanh_cell
 
 
 def reverse_within_lengths(sequences: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
