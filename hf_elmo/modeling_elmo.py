@@ -107,9 +107,8 @@ def lstm_cell(gates: torch.Tensor, cell: torch.Tensor, cell_clip: float, dim: in
 
     `in_place` (no autograd, the CPU inference path): the activations overwrite `gates`, the new cell goes into the
     buffer `new_cell`, and the output into the candidate's rows of `gates`; nothing is allocated.
-    `return_activations` (not in place): a third value, the step's activations `(sigmoid(input), tanh(candidate),
-    sigmoid(forget), sigmoid(output), tanh(new cell))`, which a hand-written backward reads instead of computing
-    them again (`elmo_ops.lstm_cell_backward`).
+    `return_activations` (not in place) adds the activations `(i, j, f, o, tanh(new cell))`, which a hand-written
+    backward reads instead of computing them again (`elmo_ops.lstm_cell_backward`).
     """
     in_gate, candidate, forget_gate, out_gate = gates.chunk(4, dim=dim)
     if in_place:
@@ -1528,23 +1527,8 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
 
 
 __all__ = [
-    "ELMO_IMPLEMENTATIONS",
-    "ElmoBiLstm",
-    "ElmoCharacterEncoder",
-    "ElmoCrf",
-    "ElmoForPreTraining",
-    "ElmoForPreTrainingOutput",
-    "ElmoForSequenceClassification",
-    "ElmoForTokenClassification",
-    "ElmoHighway",
-    "ElmoImplementation",
-    "ElmoLinear",
-    "ElmoLstmLayer",
-    "ElmoModel",
-    "ElmoModelOutput",
-    "ElmoPreTrainedModel",
-    "ElmoScalarMix",
-    "ElmoSoftmax",
-    "ElmoTaskEncoder",
-    "ElmoTaskPreTrainedModel",
+    "ELMO_IMPLEMENTATIONS", "ElmoBiLstm", "ElmoCharacterEncoder", "ElmoCrf", "ElmoForPreTraining",
+    "ElmoForPreTrainingOutput", "ElmoForSequenceClassification", "ElmoForTokenClassification", "ElmoHighway",
+    "ElmoImplementation", "ElmoLinear", "ElmoLstmLayer", "ElmoModel", "ElmoModelOutput", "ElmoPreTrainedModel",
+    "ElmoScalarMix", "ElmoSoftmax", "ElmoTaskEncoder", "ElmoTaskPreTrainedModel",
 ]
