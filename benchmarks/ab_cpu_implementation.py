@@ -76,6 +76,9 @@ def baseline_package(revision: str | None, path: str | None, scratch: str) -> tu
 
 def load_baseline(folder: str):
     """The baseline's `modeling_elmo` module, imported from `folder` as a package of its own."""
+    # Modules of a baseline loaded before (another folder, in the same process) would be found first.
+    for name in [name for name in sys.modules if name == BASELINE_PACKAGE or name.startswith(BASELINE_PACKAGE + ".")]:
+        del sys.modules[name]
     package = types.ModuleType(BASELINE_PACKAGE)
     package.__path__ = [os.path.abspath(folder)]  # a package, but its __init__ is not run
     sys.modules[BASELINE_PACKAGE] = package

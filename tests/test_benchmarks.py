@@ -152,6 +152,33 @@ def test_ab_cpu_implementation_alternates_two_versions_in_one_process(tmp_path, 
     assert result["max_abs_diff_current_vs_baseline"] < 1e-5
 
 
+def test_ab_pretrain_step_times_two_packages_training_the_same_batches(tmp_path, capsys):
+    import ab_pretrain_step
+
+    text = tmp_path / "sentences.txt"
+    text.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
+    baseline = tmp_path / "hf_elmo"
+    shutil.copytree(REPO / "hf_elmo", baseline, ignore=shutil.ignore_patterns("__pycache__"))
+    ab_pretrain_step.main(["--baseline-dir", str(baseline), "--config", "tiny", "--text", str(text),
+                           "--batch-size", "5", "--batches", "2", "--rounds", "3", "--threads", "1"])
+    # The baseline really is the other package, however many baselines this process loaded before.
+    assert sys.modules["_hf_elmo_baseline.modeling_elmo"].__file__ == str(baseline / "modeling_elmo.py")
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    assert result["baseline"] == str(baseline) and result["config"] == "tiny" and result["n_batches"] == 2
+    # Each batch is the whole file (35 words, 5 sentences): 35 words and 5 </S> predicted.
+    assert result["tokens"] == 80 and result["vocab_size"] == 27 + 3
+    assert [len(result["tokens_per_s"][side]) for side in ("baseline", "current")] == [3, 3]
+    assert result["ratio_per_round"] == [
+        round(c / b, 3) for c, b in zip(result["tokens_per_s"]["current"], result["tokens_per_s"]["baseline"])
+    ]
+    fastest = result["fastest_tokens_per_s"]
+    assert result["fastest_ratio"] == round(fastest["current"] / fastest["baseline"], 3)
+    # The same code on the same weights, seed and batch: the same loss and gradients, bit for bit.
+    assert result["max_abs_diff_current_vs_baseline"] == {"loss": 0.0, "gradients": 0.0}
+
+
 def test_ab_cpu_implementation_names_a_revision_it_cannot_read(tmp_path):
     command = [sys.executable, str(BENCHMARKS / "ab_cpu_implementation.py"), "--baseline", "no-such-revision"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
