@@ -85,14 +85,19 @@ def load_baseline(folder: str):
     return importlib.import_module(f"{BASELINE_PACKAGE}.modeling_elmo")
 
 
+def add_baseline_arguments(parser: argparse.ArgumentParser) -> None:
+    """--baseline REV or --baseline-dir PATH, one of them required (read by `baseline_package`)."""
+    baseline = parser.add_mutually_exclusive_group(required=True)
+    baseline.add_argument("--baseline", metavar="REV", help="a git revision of this repository (e.g. HEAD~1, main)")
+    baseline.add_argument("--baseline-dir", metavar="PATH", help="an hf_elmo package folder instead of a revision")
+
+
 def main(argv: list[str] | None = None):
     parser = argparse.ArgumentParser(
         description="Time this checkout's ELMo on the CPU against an earlier revision's, alternating in one "
                     "process; prints one JSON line.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog="Examples:" + __doc__.split("Examples:")[1])
-    baseline = parser.add_mutually_exclusive_group(required=True)
-    baseline.add_argument("--baseline", metavar="REV", help="a git revision of this repository (e.g. HEAD~1, main)")
-    baseline.add_argument("--baseline-dir", metavar="PATH", help="an hf_elmo package folder instead of a revision")
+    add_baseline_arguments(parser)
     random_bilm.add_weights_arguments(parser)
     workload.add_workload_arguments(parser)
     workload.add_timing_arguments(parser, repeats=3)

@@ -43,7 +43,12 @@ for _path in (HERE, REPO):
         sys.path.insert(0, _path)
 
 import bench_utils  # noqa: E402
-from ab_cpu_implementation import BASELINE_PACKAGE, baseline_package, load_baseline  # noqa: E402
+from ab_cpu_implementation import (  # noqa: E402
+    BASELINE_PACKAGE,
+    add_baseline_arguments,
+    baseline_package,
+    load_baseline,
+)
 
 from hf_elmo.configuration_elmo import ElmoConfig  # noqa: E402
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG, ELMO_PRESETS  # noqa: E402
@@ -163,9 +168,7 @@ def main(argv: list[str] | None = None):
         description="Time this checkout's pretraining forward and backward on the CPU against an earlier "
                     "revision's, alternating in one process; prints one JSON line.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog="Examples:" + __doc__.split("Examples:")[1])
-    baseline = parser.add_mutually_exclusive_group(required=True)
-    baseline.add_argument("--baseline", metavar="REV", help="a git revision of this repository (e.g. HEAD~1, main)")
-    baseline.add_argument("--baseline-dir", metavar="PATH", help="an hf_elmo package folder instead of a revision")
+    add_baseline_arguments(parser)
     parser.add_argument("--config", choices=sorted(CONFIGS), default="recipe",
                         help="the biLM (default: %(default)s, hf_elmo.elmo_presets.CPU_PRETRAINING_CONFIG)")
     parser.add_argument("--text", default=None,
