@@ -182,6 +182,17 @@ def free_port() -> int:
     raise RuntimeError(f"no free TCP port among {len(candidates)} tried below the ephemeral range ({ephemeral_start})")
 
 
+def run_together(commands: list[list[str]], **options) -> list[subprocess.CompletedProcess]:
+    """`subprocess.run(command, **options)` for each command, all started at once; the results in the commands'
+    order. A test's child processes spend most of their seconds importing torch and Transformers on one core each,
+    so on the suite's 2 cores two of them take little longer than one. (Not for `preexec_fn`, which is unsafe
+    while other threads run.)"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
+        return list(pool.map(lambda command: subprocess.run(command, **options), commands))
+
+
 def launch_failure_report(log: str) -> str:
     """
     A failed `accelerate launch`'s log (stdout and stderr together), for a test's assertion: its end, and first the
