@@ -17,6 +17,7 @@ import torch
 
 from hf_elmo import ElmoModel, ElmoTokenizer
 from hf_elmo.cli import build_parser, main
+from hf_elmo.testing_utils import run_together
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -141,17 +142,19 @@ print(type(config).__module__, type(model).__module__, type(model).__name__)
 """
 
 
-@pytest.mark.parametrize("imports", [
-    "import hf_elmo",  # before transformers: registered once transformers is imported
-    "import transformers, hf_elmo",  # after it: registered at once
-    "from hf_elmo.modeling_elmo import ElmoModel",  # a module first: registered once it is complete
-])
-def test_importing_hf_elmo_registers_the_auto_classes(imports, converted_dir):
-    result = subprocess.run([sys.executable, "-c", REGISTERED.format(imports=imports), str(converted_dir)],
-                            capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1"})
-    assert result.stdout.split() == ["hf_elmo.configuration_elmo", "hf_elmo.modeling_elmo",
-                                     "ElmoForTokenClassification"], result.stderr[-3000:]
+def test_importing_hf_elmo_registers_the_auto_classes(converted_dir):
+    # Each in a fresh interpreter, all at once (run_together).
+    imports = [
+        "import hf_elmo",  # before transformers: registered once transformers is imported
+        "import transformers, hf_elmo",  # after it: registered at once
+        "from hf_elmo.modeling_elmo import ElmoModel",  # a module first: registered once it is complete
+    ]
+    results = run_together([[sys.executable, "-c", REGISTERED.format(imports=first), str(converted_dir)]
+                            for first in imports], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1"})
+    for first, result in zip(imports, results):
+        assert result.stdout.split() == ["hf_elmo.configuration_elmo", "hf_elmo.modeling_elmo",
+                                         "ElmoForTokenClassification"], (first, result.stderr[-3000:])
 
 
 @pytest.mark.parametrize("command", [[], ["convert"], ["embed"], ["publish"], ["pretrain"]])
