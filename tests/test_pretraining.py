@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -1114,16 +1115,16 @@ def test_a_sigkilled_streaming_run_resumes_to_the_uninterrupted_runs_weights(cor
     write_vocab(build_vocab(words), str(folder / "vocab.txt"))
     env = {**_env(), "HF_ELMO_CACHE": str(tmp_path / "cache")}
 
-    reference = tmp_path / "reference"
-    done = subprocess.run(_streaming_command(corpus, folder, reference, "--num-workers", "2"), capture_output=True,
-                          text=True, env=env, timeout=300)
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the uninterrupted run beside the one to be killed
+        uninterrupted = pool.submit(subprocess.run, _streaming_command(corpus, folder, reference, "--num-workers", "2"),
+                                    capture_output=True, text=True, env=env, timeout=300)
+        process = subprocess.Popen(_streaming_command(corpus, folder, killed, "--num-workers", "1"),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        log = _kill_when_saved(process, "checkpoint-4")  # the run and its DataLoader worker
+        done = uninterrupted.result()
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Streaming " + str(folder) + "[train], column 'text': 3 shard(s), read as the run trains" in done.stderr
-
-    killed = tmp_path / "killed"
-    process = subprocess.Popen(_streaming_command(corpus, folder, killed, "--num-workers", "1"),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    log = _kill_when_saved(process, "checkpoint-4")  # the run and its DataLoader worker
     assert process.returncode == -signal.SIGKILL, "".join(log)[-4000:]
     assert not (killed / "model.safetensors").exists()
     resume_from = latest_checkpoint(str(killed))
