@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -219,14 +220,16 @@ def test_captured_with_options_it_cannot_run_is_a_usage_error(options, reason, c
 def test_two_processes_all_reduce_between_the_graphs_to_one_processs_weights(tmp_path):
     """gloo, each process half of every global batch; one process accumulates both halves."""
     torch._dynamo.reset()
-    reference = captured_training.train()
     command = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu", "--num_processes",
                "2", "--num_machines", "1", "--main_process_port", str(free_port()), "--dynamo_backend", "no",
                captured_training.__file__, str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.path.dirname(captured_training.__file__)]),
            "HF_HUB_OFFLINE": "1", "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
-    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            timeout=300)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the two processes start while this one trains the reference
+        launched = pool.submit(subprocess.run, command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=env, timeout=300)
+        reference = captured_training.train()
+        result = launched.result()
     assert result.returncode == 0, launch_failure_report(result.stdout)
     two = load_file(tmp_path / "weights-2.safetensors")
     assert two.keys() == reference.keys()
