@@ -124,8 +124,8 @@ _step_backward = _compiled(lstm_cell_backward)
 
 # What the forward keeps of each step for the backward: `lstm_cell`'s activations, the state before the step, the
 # cell's output and the unclipped projection.
-SAVED_PER_STEP = ("in_gates", "candidates", "forget_gates", "out_gates", "tanh_cells", "cells", "hiddens",
-                  "cell_outputs", "projected")
+ACTIVATIONS = ("in_gates", "candidates", "forget_gates", "out_gates", "tanh_cells")  # as `lstm_cell` returns them
+SAVED_PER_STEP = (*ACTIVATIONS, "cells", "hiddens", "cell_outputs", "projected")
 
 
 class ClippedLstmRecurrence(torch.autograd.Function):
@@ -188,8 +188,8 @@ class ClippedLstmRecurrence(torch.autograd.Function):
     def backward(ctx, grad_outputs, grad_final_cell, grad_final_hidden):
         active, recurrent, projection, *saved = ctx.saved_tensors
         by_name = {name: saved[i * ctx.steps : (i + 1) * ctx.steps] for i, name in enumerate(SAVED_PER_STEP)}
-        activations = list(zip(*(by_name[name] for name in SAVED_PER_STEP[:5])))
-        cells, hiddens, cell_outputs, projected = (by_name[name] for name in SAVED_PER_STEP[5:])
+        activations = list(zip(*(by_name[name] for name in ACTIVATIONS)))
+        cells, hiddens, cell_outputs, projected = (by_name[name] for name in SAVED_PER_STEP[len(ACTIVATIONS):])
         cell_clip, proj_clip = ctx.clips
         # The gradients of each row's state after the last step computed so far (going back): a row that does not
         # read a step passes its gradient on unchanged.
