@@ -382,9 +382,12 @@ def training_step_figures(setting: Setting, backend: str | None) -> dict:
         "gradients": max_abs(grads, eager_grads),
         "weights": max_abs(list(model.parameters()), list(eager.parameters())),
     }
-    for batch in batches[1:3]:  # CUDA graphs record on the first replays
-        step.accumulate(batch)
-        step.update()
+    def optimizer_steps(step_batches):
+        for batch in step_batches:
+            step.accumulate(batch)
+            step.update()
+
+    optimizer_steps(batches[1:3])  # CUDA graphs record on the first replays
     setting.synchronize()
     if setting.device.type == "cuda":  # the steady steps must not grow the memory: read before and after them
         memory_before = torch.cuda.memory_allocated() / 2**20
@@ -393,9 +396,7 @@ def training_step_figures(setting: Setting, backend: str | None) -> dict:
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                for batch in batches[3:]:
-                    step.accumulate(batch)
-                    step.update()
+                optimizer_steps(batches[3:])
         finally:
             torch.cuda.set_sync_debug_mode("default")
         syncs = [w for w in caught if "synchroniz" in str(w.message)]
@@ -406,24 +407,19 @@ def training_step_figures(setting: Setting, backend: str | None) -> dict:
             round(memory_before, 1), round(torch.cuda.memory_allocated() / 2**20, 1)]
     elif backend is None:
         with HostDataReads() as recorded:
-            for batch in batches[3:]:
-                step.accumulate(batch)
-                step.update()
+            optimizer_steps(batches[3:])
         result["host_syncs_per_step"] = len(recorded.calls) / setting.steps
     else:
         # Not counted: a TorchFunctionMode is part of a compiled graph's guards, so steps run under HostDataReads would
         # trace the graphs again (10 s of the suite's smoke run), with the mode inside them. fullgraph=True already
         # refuses a read in a graph, and the Python around the graphs is recorded_step's, counted there.
-        for batch in batches[3:]:
-            step.accumulate(batch)
-            step.update()
+        optimizer_steps(batches[3:])
         result["host_syncs_per_step"] = None
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if setting.device.type == "cuda" else [])
     setting.synchronize()
     began = time.perf_counter()
     with profile(activities=activities) as profiler:
-        step.accumulate(batches[-1])
-        step.update()
+        optimizer_steps(batches[-1:])
         setting.synchronize()
     wall = time.perf_counter() - began
     result["step_wall_s"] = round(wall, 4)
