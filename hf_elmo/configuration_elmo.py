@@ -52,6 +52,17 @@ END_SENTENCE_WORD = "</S>"
 _BOUNDARY_CHARS = {BEGIN_SENTENCE_WORD: BEGIN_SENTENCE_CHAR, END_SENTENCE_WORD: END_SENTENCE_CHAR}
 
 
+def word_byte_limit(max_characters_per_token: int = 50) -> int:
+    """How many UTF-8 bytes of a word its char row holds: all but the begin- and end-of-word marks (48 of 50)."""
+    return max_characters_per_token - 2
+
+
+def word_is_cut(word: str, max_characters_per_token: int = 50) -> bool:
+    """Whether `word` has more UTF-8 bytes than its char row holds (at most 4 a character: few words are encoded)."""
+    limit = word_byte_limit(max_characters_per_token)
+    return 4 * len(word) > limit and len(word.encode("utf-8", errors="ignore")) > limit
+
+
 def char_id_rows(words, max_characters_per_token: int = 50) -> np.ndarray:
     """
     The (shifted) char-id rows of `words`, `(len(words), max_characters_per_token)` int64, exactly as bilm-tf
@@ -61,7 +72,7 @@ def char_id_rows(words, max_characters_per_token: int = 50) -> np.ndarray:
     sentence-boundary rows. Built with array operations, so that a batch's words cost one call.
     """
     words = list(words)
-    encoded = [word.encode("utf-8", errors="ignore")[: max_characters_per_token - 2] for word in words]
+    encoded = [word.encode("utf-8", errors="ignore")[: word_byte_limit(max_characters_per_token)] for word in words]
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     rows = np.full((len(encoded), max_characters_per_token), PAD_CHAR, dtype=np.int64)
     rows[:, 0] = BEGIN_WORD_CHAR

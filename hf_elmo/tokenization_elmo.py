@@ -35,6 +35,8 @@ from .configuration_elmo import (
     PAD_CHAR,
     char_ids_to_word,
     package_module,
+    word_byte_limit,
+    word_is_cut,
     word_to_char_ids,
 )
 
@@ -399,7 +401,7 @@ class ElmoTokenizer(PreTrainedTokenizer):
     `max_characters_per_token - 2`, begin/end-of-word marks, padding, every id shifted by +1 so that
     an all-zero row means "no word here"; the literal words `<S>` and `</S>` give the
     sentence-boundary rows). `input_ids` has shape `(batch, words, max_characters_per_token)` and
-    `attention_mask` `(batch, words)`.
+    `attention_mask` `(batch, words)`. The first word cut is logged, once per tokenizer.
 
     **No special tokens are added.** The model wraps each sentence in `<S>` ... `</S>` itself, so
     word `i` of the input is position `i` of the output and word-level labels need no alignment.
@@ -475,6 +477,7 @@ class ElmoTokenizer(PreTrainedTokenizer):
                 f"got {max_characters_per_token!r}."
             )
         self.max_characters_per_token = max_characters_per_token
+        self._cut_word_logged = False
         self.pre_tokenizer = pre_tokenizer
         self._word_splitter = _build_word_splitter(pre_tokenizer)
         self.vocab_file = None if vocab_file is None else os.fspath(vocab_file)
@@ -601,6 +604,14 @@ class ElmoTokenizer(PreTrainedTokenizer):
         return self._split_text(text)[0]
 
     def _char_row(self, word: str) -> list[int]:
+        if not self._cut_word_logged and word_is_cut(word, self.max_characters_per_token):
+            self._cut_word_logged = True  # once, as Transformers' tokenizers say once that a text is too long
+            shown = word if len(word) <= 40 else word[:40] + "..."
+            logger.warning(
+                f"ElmoTokenizer: the model reads a word as its first {word_byte_limit(self.max_characters_per_token)} "
+                f"UTF-8 bytes, as bilm-tf does, and sees nothing of the rest of {shown!r} "
+                f"({len(word.encode('utf-8', errors='ignore'))} bytes). Longer words are not reported again."
+            )
         return list(_cached_char_row(word, self.max_characters_per_token))
 
     def _zero_row(self) -> list[int]:

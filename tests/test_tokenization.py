@@ -73,6 +73,21 @@ def test_word_over_48_bytes_is_cut_inside_a_two_byte_character(tok):
     assert tok.decode(tok([word], is_split_into_words=True)["input_ids"]) == "a" + "é" * 23 + "\ufffd"
 
 
+def test_the_first_cut_word_is_logged_once_per_tokenizer(caplog):
+    tokenizer = ElmoTokenizer()
+    caplog.set_level("WARNING", logger="hf_elmo.tokenization_elmo")
+    exactly_48 = "我爱北京天安门我爱北京天安门我爱"  # 16 characters of 3 bytes: the row holds all of it
+    tokenizer([exactly_48, "a" * 12, "b" * 49 + " c"])
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ElmoTokenizer: the model reads a word as its first 48 UTF-8 bytes, as bilm-tf does, and sees nothing of "
+        f"the rest of {'b' * 40 + '...'!r} (49 bytes). Longer words are not reported again."]
+    tokenizer(["我爱北京天安门" * 3], is_split_into_words=True)  # 63 bytes, after the first: not said again
+    assert len(caplog.records) == 1
+    ElmoTokenizer(max_characters_per_token=6).convert_tokens_to_ids("abcde")  # a row of 4 bytes: a new tokenizer
+    assert caplog.records[-1].getMessage().startswith("ElmoTokenizer: the model reads a word as its first 4 UTF-8")
+    assert "'abcde' (5 bytes)" in caplog.records[-1].getMessage()
+
+
 def test_lone_surrogates_do_not_crash(tok):
     enc = tok("a\ud800b and \udfff", return_offsets_mapping=True)
     assert tok.tokenize("a\ud800b and \udfff") == ["a\ud800b", "and", "\udfff"]
