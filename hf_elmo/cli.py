@@ -32,13 +32,15 @@ wrote them), with shape
   --average  (words, H): the mean of the L+1 layers
 where H = 2 * projection_dim. Each dataset has attributes line_number (1-based), text (the line), words
 (JSON list of the words, one per vector) and, for a line split into pieces, pieces (word offsets of the
-pieces). The file's attributes record the options, the model and the counts of empty and split lines.
+pieces). The file's attributes record the options, the model and the counts of empty and split lines and
+of lines with cut words.
 Read it with h5py: vectors = f["0"][...]; words = json.loads(f["0"].attrs["words"]).
 
 Lines with no words are stored as empty datasets (0 words) and logged with their line numbers; an empty
 input gives a file without datasets, with a warning. Lines of
 more than --max-words words are split into pieces embedded independently (context does not cross a piece
-boundary), stored one after the other in the line's dataset, and logged. The model is stateless: a line's
+boundary), stored one after the other in the line's dataset, and logged. A word of more than 48 UTF-8
+bytes is read as its first 48 (as bilm-tf reads it), and its line is logged. The model is stateless: a line's
 vectors depend only on that line (equal to float32 rounding wherever it appears; bit for bit with
 --batch-size 1), and the same input and options give the same file. The output appears only when
 complete: it is written to a hidden .NAME.<pid>.partial file beside it and renamed at the end.
@@ -284,9 +286,9 @@ def _run_embed(args) -> int:
             float16=args.float16, batch_size=args.batch_size, window=args.window, max_words=args.max_words,
             overwrite=args.overwrite, progress=not args.no_progress, model_name=args.model,
         )
-    logger.info("Wrote %s: %d lines (%d without words, %d split), %d words, layers=%s, %s", summary.output_path,
-                summary.num_lines, summary.empty_lines, summary.split_lines, summary.num_words, args.layers,
-                "float16" if args.float16 else "float32")
+    logger.info("Wrote %s: %d lines (%d without words, %d split, %d with cut words), %d words, layers=%s, %s",
+                summary.output_path, summary.num_lines, summary.empty_lines, summary.split_lines,
+                summary.cut_word_lines, summary.num_words, args.layers, "float16" if args.float16 else "float32")
     return 0
 
 

@@ -10,12 +10,14 @@ H = 2 * projection_dim:
   the words embedded, one per vector) and, for a line split into pieces, `pieces` (word offsets where each piece
   starts).
 - file attributes: `format_version`, `layers`, `dtype`, `num_lines`, `num_layers` (L + 1), `hidden_size`,
-  `tokenized`, `max_words`, `model`, `input`, `empty_lines`, `split_lines`.
+  `tokenized`, `max_words`, `model`, `input`, `empty_lines`, `split_lines`, `cut_word_lines`.
 
 Rules:
 - A line with no words (blank, or only whitespace) is stored as an empty dataset (0 words), so that dataset `"i"`
-  is always line i + 1. Such lines and split lines (below) are logged with their line numbers: the first 20 of
-  each kind one by one, then a summary.
+  is always line i + 1. Such lines, split lines and lines with cut words (below) are logged with their line
+  numbers: the first 20 of each kind one by one, then a summary.
+- A word of more UTF-8 bytes than the model's char rows hold (48 for the released models) is read as its first
+  48 bytes, as bilm-tf reads it, and its line counts among `cut_word_lines`.
 - A line of more than `max_words` words is split into pieces of at most `max_words` words, each embedded as its
   own sentence (its own `<S>` ... `</S>`, so context does not cross a piece boundary); the pieces' vectors are
   stored one after the other, so the dataset still has one vector per word.
@@ -82,12 +84,15 @@ class EmbedSummary:
     num_words: int = 0
     empty_lines: int = 0
     split_lines: int = 0
+    cut_word_lines: int = 0
     # The first few 1-based line numbers of each kind (memory stays bounded on any input).
     empty_line_numbers: list[int] = field(default_factory=list)
     split_line_numbers: list[int] = field(default_factory=list)
+    cut_word_line_numbers: list[int] = field(default_factory=list)
 
     def note(self, kind: str, number: int) -> bool:
-        """Count a line of `kind` ("empty" or "split"); True while it is among the first ones, to be logged."""
+        """Count a line of `kind` ("empty", "split" or "cut_word"); True while it is among the first ones, to be
+        logged."""
         setattr(self, f"{kind}_lines", getattr(self, f"{kind}_lines") + 1)
         listed = getattr(self, f"{kind}_line_numbers")
         if len(listed) < _LISTED:
@@ -227,10 +232,13 @@ def embed_file(
     """
     Embed every line of `input_path` (one sentence per line) into the HDF5 file `output_path`; see the module
     docstring for the layout and the rules. `tokenized=True` splits lines on whitespace only; otherwise the
-    tokenizer splits raw text into words. Memory stays bounded by `window` lines whatever the input size.
+    tokenizer splits raw text into words. Memory stays bounded by `window` lines whatever the input size. The
+    tokenizer's own notice of a cut word is turned off: lines with cut words are logged here, by line number.
     """
     import h5py
     from tqdm.auto import tqdm
+
+    from .configuration_elmo import word_byte_limit, word_is_cut
 
     if layers not in LAYER_CHOICES:
         raise ValueError(f"layers must be one of {LAYER_CHOICES}, got {layers!r}.")
@@ -246,6 +254,9 @@ def embed_file(
     dtype = np.float16 if float16 else np.float32
     device = next(model.parameters()).device
     summary = EmbedSummary(output_path=output_path)
+    width = tokenizer.max_characters_per_token
+    # Lines with cut words are reported here, with their numbers: the tokenizer's one notice would repeat the first.
+    tokenizer._cut_word_logged = True
     # The partial file is created on entry, before any work: a folder that cannot be written is reported at once,
     # in our words rather than h5py's. It is flushed and renamed into place only when the whole input is embedded.
     with handle, atomic_output_file(output_path, replace=overwrite) as partial:
@@ -266,6 +277,12 @@ def embed_file(
                     dataset.attrs["text"] = text
                     dataset.attrs["words"] = json.dumps(words, ensure_ascii=False)
                     summary.num_words += len(words)
+                    cut = [word for word in words if word_is_cut(word, width)]
+                    if cut and summary.note("cut_word", number):
+                        logger.warning("%s, line %d: %d word(s) longer than %d UTF-8 bytes (the first: %r); the "
+                                       "model reads each as its first %d bytes, as bilm-tf does", input_name(input_path), number,
+                                       len(cut), word_byte_limit(width), cut[0][:40] + "..." * (len(cut[0]) > 40),
+                                       word_byte_limit(width))
                     if not words:
                         if summary.note("empty", number):
                             logger.warning("%s, line %d: no words; stored as the empty dataset %r",
@@ -302,6 +319,7 @@ def embed_file(
                     "input": STDIN_NAME if input_path == STDIN else os.path.abspath(input_path),
                     "empty_lines": summary.empty_lines,
                     "split_lines": summary.split_lines,
+                    "cut_word_lines": summary.cut_word_lines,
                 }
             )
     if summary.num_lines == 0:  # an empty output is right for an empty input, but it is more often the wrong file
@@ -312,6 +330,10 @@ def embed_file(
     if summary.split_lines:
         logger.warning("%s longer than max_words=%d split into pieces: %s", _lines(summary.split_lines), max_words,
                        _line_numbers(summary.split_line_numbers, summary.split_lines))
+    if summary.cut_word_lines:
+        logger.warning("%s with words longer than %d UTF-8 bytes, each read as its first %d bytes: %s",
+                       _lines(summary.cut_word_lines), word_byte_limit(width), word_byte_limit(width),
+                       _line_numbers(summary.cut_word_line_numbers, summary.cut_word_lines))
     return summary
 
 

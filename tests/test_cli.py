@@ -246,7 +246,7 @@ def test_embed_all_layers_equal_the_model_called_directly(embedded_all, corpus, 
         assert dict(f.attrs) == {
             "format_version": 1, "layers": "all", "dtype": "float32", "num_lines": 33, "num_layers": 3,
             "hidden_size": 32, "tokenized": True, "max_words": 100, "model": f.attrs["model"],
-            "input": f.attrs["input"], "empty_lines": 2, "split_lines": 1,
+            "input": f.attrs["input"], "empty_lines": 2, "split_lines": 1, "cut_word_lines": 0,
         }
         for index, line in enumerate(corpus[:-1]):
             dataset = f[str(index)]
@@ -285,6 +285,24 @@ def test_embed_reports_lines_without_words_and_split_lines(corpus, converted_dir
                           "(context does not cross a piece boundary)") for m in messages)
     with h5py.File(output) as f:
         assert f["3"].shape == (0, 32) and f["4"].shape == (0, 32) and f["4"].attrs["text"] == "  \t "
+
+
+def test_embed_reports_lines_with_words_longer_than_a_char_row_holds(converted_dir, model_and_tokenizer, tmp_path,
+                                                                     caplog):
+    caplog.set_level("WARNING")
+    long_word = "Pneumonoultramicroscopicsilicovolcanoconiosis-related"  # 53 bytes
+    lines = [f"a {long_word} and {'我爱北京天安门' * 3}", "all short words", "我爱北京天安门我爱北京天安门我爱 is 48 bytes"]
+    rc, output = embed(tmp_path, lines, "--tokenized", model=converted_dir)
+    assert rc == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / 'out.hdf5.txt'}, line 1: 2 word(s) longer than 48 UTF-8 bytes (the first: "
+        "'Pneumonoultramicroscopicsilicovolcanocon...'); the model reads each as its first 48 bytes, as bilm-tf does",
+        "1 line with words longer than 48 UTF-8 bytes, each read as its first 48 bytes: line 1"]
+    with h5py.File(output) as f:
+        assert f.attrs["cut_word_lines"] == 1
+        # What the model reads of a cut word is its first 48 bytes: the vectors are those of the cut word.
+        cut = ["a", long_word.encode()[:48].decode(), "and", "我爱北京天安门我爱北京天安门我爱"]
+        assert np.abs(f["0"][...] - direct(model_and_tokenizer, cut)).max() <= TOLERANCE
 
 
 def test_embed_of_an_empty_file_says_so_and_writes_a_file_without_datasets(converted_dir, tmp_path, caplog):
