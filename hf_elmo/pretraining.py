@@ -184,7 +184,7 @@ def load_config(source: str):
     return ElmoConfig.from_json_file(path)
 
 
-def resolve_vocab(args, accelerator, split_words, shards) -> str:
+def resolve_vocab(args, accelerator, split_words, shards, max_characters_per_token: int) -> str:
     """The vocabulary file of this run, always kept as OUTPUT_DIR/vocab.txt so that `--resume` finds it."""
     from .safe_output import atomic_output_file
     from .pretraining_data import build_vocab, count_words
@@ -230,11 +230,26 @@ def resolve_vocab(args, accelerator, split_words, shards) -> str:
             write_vocab(words, kept)
             logger.info("Wrote %s: %d entries (%d distinct words in the %d sentences counted)", kept, len(words),
                         len(counts), sentences)
+            warn_of_cut_words(words, kept, max_characters_per_token)
         elif os.path.abspath(source) != os.path.abspath(kept):
             with atomic_output_file(kept) as partial:
                 shutil.copyfile(source, partial)
     accelerator.wait_for_everyone()
     return kept
+
+
+def warn_of_cut_words(words: list[str], vocab_file: str, max_characters_per_token: int) -> None:
+    """A vocabulary of many words longer than a char row holds is usually text that needs a segmenter (--pre-tokenizer
+    MODULE:FUNCTION): such words all look alike to the model wherever their first bytes are alike."""
+    from .configuration_elmo import word_byte_limit, word_is_cut
+
+    cut = [word for word in words if word_is_cut(word, max_characters_per_token)]
+    limit = word_byte_limit(max_characters_per_token)
+    if cut:
+        logger.warning("%s: %d of its %d words are longer than %d UTF-8 bytes, and the model reads each as its first "
+                       "%d bytes (the most frequent: %s). For text written without spaces, segment it first "
+                       "(--pre-tokenizer)", vocab_file, len(cut), len(words), limit, limit,
+                       ", ".join(repr(word[:40]) for word in cut[:3]))
 
 
 def load_encoder(args):
@@ -426,7 +441,7 @@ class PretrainingRun:
                                 "pre_tokenizer": args.pre_tokenizer}
         # First: a bad --init-from or --config stops the run before anything is written.
         base, encoder = load_encoder(args)
-        vocab_file = resolve_vocab(args, accelerator, self.split_words, shards)
+        vocab_file = resolve_vocab(args, accelerator, self.split_words, shards, base["max_characters_per_token"])
         self.tokenizer = ElmoTokenizer(
             vocab_file=vocab_file, pre_tokenizer=args.pre_tokenizer,
             max_characters_per_token=base["max_characters_per_token"],
