@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .configuration_elmo import char_id_rows
+from .text_encoding import not_utf8_message
 
 
 logger = logging.getLogger(__name__)
@@ -328,9 +329,7 @@ def read_sentences(input_file) -> list[str]:
                     sentences.append(raw.decode("utf-8").strip())
                 except UnicodeDecodeError as error:
                     raise ConfigurationError(
-                        f"{input_file}, line {number}: not UTF-8 text (byte {error.start}: "
-                        f"{raw[error.start:error.start + 4]!r}); convert it first, e.g. iconv -f latin1 -t utf-8."
-                    ) from None
+                        not_utf8_message(os.fspath(input_file), f"{input_file}, line {number}", raw, error)) from None
     else:
         try:
             sentences = [line.strip() for line in input_file]

@@ -52,6 +52,7 @@ from .safe_output import (
     raise_if_stop_requested,
     room_for,
 )
+from .text_encoding import not_utf8_message
 
 
 if TYPE_CHECKING:
@@ -158,9 +159,7 @@ def read_lines(handle, path: str):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise EmbedInputError(
-                f"{path}, line {number}: not UTF-8 text (byte {error.start}: {raw[error.start:error.start + 4]!r})."
-            ) from None
+            raise EmbedInputError(not_utf8_message(path, f"{path}, line {number}", raw, error)) from None
         if "\0" in text:
             raise EmbedInputError(f"{path}, line {number}: contains a NUL character; expected plain text.")
         if number == 1 and text.startswith("\ufeff"):

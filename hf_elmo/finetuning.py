@@ -25,6 +25,7 @@ import warnings
 from dataclasses import dataclass
 
 from .safe_output import atomic_output_file
+from .text_encoding import not_utf8_message
 
 
 logger = logging.getLogger(__name__)
@@ -52,31 +53,18 @@ class DataFileError(ValueError):
     """A data file that cannot be used as it is; the message names the file and the line."""
 
 
-# Byte-order marks of encodings other than UTF-8: such a file is refused with the command that converts it.
-_FOREIGN_BOMS = {codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: "UTF-32", codecs.BOM_UTF16_LE: "UTF-16",
-                 codecs.BOM_UTF16_BE: "UTF-16"}
-
-
 def utf8_lines(path: str):
     """
     (1-based number, text with its line ending) of each line of a UTF-8 file (a UTF-8 byte-order mark is dropped).
     A file in another encoding stops with its name, line and the bytes that are not UTF-8, not a UnicodeDecodeError.
     """
     with open(path, "rb") as handle:
-        head = handle.read(4)
-        for bom, encoding in _FOREIGN_BOMS.items():  # UTF-32's marks first: UTF-16's are their prefixes
-            if head.startswith(bom):
-                raise DataFileError(f"{path}: the file is {encoding} (it starts with a {encoding} byte-order mark); "
-                                    f"expected UTF-8. Convert it: iconv -f {encoding} -t UTF-8 {path} > NEW_FILE")
-        handle.seek(len(codecs.BOM_UTF8) if head.startswith(codecs.BOM_UTF8) else 0)
+        handle.seek(len(codecs.BOM_UTF8) if handle.read(3) == codecs.BOM_UTF8 else 0)
         for number, raw in enumerate(handle, start=1):
             try:
                 yield number, raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise DataFileError(
-                    f"{path}:{number}: not UTF-8 text (byte {error.start}: {raw[error.start:error.start + 4]!r}); "
-                    "expected UTF-8. Convert the file, e.g. iconv -f LATIN1 -t UTF-8 for Latin-1."
-                ) from None
+                raise DataFileError(not_utf8_message(path, f"{path}:{number}", raw, error)) from None
 
 
 def read_conll(path: str | os.PathLike, label_column: int = -1, word_column: int = 0) -> list[TaggedSentence]:

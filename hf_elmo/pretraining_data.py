@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .configuration_elmo import char_id_rows
+from .text_encoding import not_utf8_message
 from .tokenization_elmo import SPECIAL_WORDS, UNKNOWN_WORD
 
 
@@ -78,7 +79,7 @@ def _decode(raw: bytes, path: str, line_number: int) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise CorpusError(f"{path}:{line_number}: not UTF-8 text ({error}).") from None
+        raise CorpusError(not_utf8_message(path, f"{path}:{line_number}", raw, error)) from None
 
 
 class PreTokenizerError(ValueError):

@@ -299,7 +299,8 @@ def test_the_allennlp_elmo_command(files, tmp_path, capsys, monkeypatch):
     assert main(["allennlp-elmo", str(tmp_path / "latin1.txt"), str(tmp_path / "b.hdf5"), "--all",
                  "--options-file", files[0], "--weight-file", files[1]]) == 1
     assert capsys.readouterr().err == (f"error: {tmp_path / 'latin1.txt'}, line 1: not UTF-8 text (byte 3: "
-                                       "b'\\xe9 au'); convert it first, e.g. iconv -f latin1 -t utf-8.\n")
+                                       "b'\\xe9 au'); expected UTF-8. Convert the file, e.g. iconv -f LATIN1 -t UTF-8 "
+                                       "for Latin-1.\n")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert main(["allennlp-elmo", str(tmp_path / "in.txt"), str(tmp_path / "c.hdf5"), "--all"]) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {DEFAULT_OPTIONS_FILE}: not downloaded")

@@ -373,8 +373,15 @@ def test_embed_bad_input_is_a_clear_error_and_writes_nothing(sentences, converte
     output = tmp_path / "bad.hdf5"
     assert main(["embed", str(source), str(output), "--model", str(converted_dir), "--window", "4",
                  "--no-progress"]) == 1
-    assert f"{source}, line 10: not UTF-8 text (byte 3: b'\\xe9 au')." in capsys.readouterr().err
+    assert (f"error: {source}, line 10: not UTF-8 text (byte 3: b'\\xe9 au'); expected UTF-8. Convert the file, e.g. "
+            "iconv -f LATIN1 -t UTF-8 for Latin-1.\n") in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["bad.txt"]  # neither the output nor a partial file
+    source.write_text("\n".join(sentences[:9]), encoding="utf-16")  # Windows' "Unicode": named, not its byte 0
+    assert main(["embed", str(source), str(output), "--model", str(converted_dir), "--no-progress"]) == 1
+    assert capsys.readouterr().err.endswith(f"error: {source}: the file is UTF-16 (it starts with a UTF-16 byte-order "
+                                            f"mark); expected UTF-8. Convert it: iconv -f UTF-16 -t UTF-8 {source} > "
+                                            "NEW_FILE\n")
+    assert sorted(os.listdir(tmp_path)) == ["bad.txt"]
 
     assert main(["embed", str(tmp_path / "missing.txt"), str(output), "--model", str(converted_dir)]) == 1
     assert "missing.txt: input file not found." in capsys.readouterr().err

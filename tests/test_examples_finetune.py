@@ -5,6 +5,7 @@ The example runs are real: bilm-tf's fixture model, real CoNLL-2003-format text 
 sentences from bilm-tf's `sentences.json`, a real Trainer with per-epoch checkpoints, and real PNG/JSON outputs.
 """
 
+import codecs
 import csv
 import hashlib
 import json
@@ -459,8 +460,10 @@ def test_readers_take_utf8_and_name_any_other_encoding(reader, tmp_path):
     with pytest.raises(DataFileError, match=rf"^{path}:2: not UTF-8 text \(byte 3: b'\\xe9\\tB-'\); expected "
                                             "UTF-8. Convert the file, e.g. iconv -f LATIN1 -t UTF-8 for Latin-1.$"):
         reader(path)
-    for encoding, name in (("utf-16", "UTF-16"), ("utf-32", "UTF-32")):
-        path.write_bytes(text.encode(encoding))  # with its byte-order mark
+    for encoding, name in (("utf-16", "UTF-16"), ("utf-32", "UTF-32"), ("utf-16-be", "UTF-16"),
+                           ("utf-32-be", "UTF-32")):
+        mark = {"utf-16-be": codecs.BOM_UTF16_BE, "utf-32-be": codecs.BOM_UTF32_BE}.get(encoding, b"")
+        path.write_bytes(mark + text.encode(encoding))  # with its byte-order mark
         with pytest.raises(DataFileError, match=rf"^{path}: the file is {name} \(it starts with a {name} byte-order "
                                                 rf"mark\); expected UTF-8. Convert it: iconv -f {name} -t UTF-8 {path} "
                                                 "> NEW_FILE$"):

@@ -488,8 +488,12 @@ def test_corpus_problems_are_clear_errors(tmp_path):
     (tmp_path / "blank.txt").unlink()
     (tmp_path / "latin1.txt").write_bytes("fine\ncaf\xe9\n".encode("latin-1"))
     stream = SentenceBatchStream(resolve_shards([str(tmp_path / "*.txt")]), str.split, 2, 0)
-    with pytest.raises(CorpusError, match=r"latin1\.txt:2: not UTF-8 text"):
+    with pytest.raises(CorpusError, match=r"latin1\.txt:2: not UTF-8 text \(byte 3: b'\\xe9\\n'\); expected UTF-8"):
         stream.next_batch()
+    (tmp_path / "latin1.txt").unlink()
+    (tmp_path / "utf16.txt").write_text("fine\nline\n", encoding="utf-16")  # found when the shard is first read
+    with pytest.raises(CorpusError, match=r"^\S*utf16\.txt: the file is UTF-16 \(it starts with a UTF-16 byte-order"):
+        resolve_shards([str(tmp_path / "*.txt")])
 
 
 def test_make_batch_labels_words_and_pads_with_minus_100(tmp_path):

@@ -132,8 +132,8 @@ def test_a_corpus_error_in_a_worker_arrives_as_one_line_in_its_place(tmp_path):
     del batches
     # Windows of 2 sentences, one batch each: 4 batches, then the window with line 9.
     assert ["error" in item for item in items] == [False] * 4 + [True]
-    assert items[4] == {"error": f"{tmp_path / 'a.txt'}:9: not UTF-8 text ('utf-8' codec can't decode byte 0xe9 in "
-                                 "position 3: invalid continuation byte)."}
+    assert items[4] == {"error": f"{tmp_path / 'a.txt'}:9: not UTF-8 text (byte 3: b'\\xe9\\n'); expected UTF-8. "
+                                 "Convert the file, e.g. iconv -f LATIN1 -t UTF-8 for Latin-1."}
 
 
 @contextmanager

@@ -632,7 +632,9 @@ def test_embed_reads_standard_input_for_a_dash(converted_dir, tmp_path):
     bad = subprocess.run([*base, "-", str(tmp_path / "bad.h5")], input=b"ok\n\xff\n", capture_output=True, env=env,
                          cwd=tmp_path)
     assert bad.returncode == 1
-    assert bad.stderr.decode().strip().splitlines()[-1] == "error: <stdin>, line 2: not UTF-8 text (byte 0: b'\\xff\\n')."
+    assert bad.stderr.decode().strip().splitlines()[-1] == (
+        "error: <stdin>, line 2: not UTF-8 text (byte 0: b'\\xff\\n'); expected UTF-8. Convert the file, e.g. iconv -f "
+        "LATIN1 -t UTF-8 for Latin-1.")
     assert not os.path.exists(tmp_path / "bad.h5")
     # Standard input closed (`<&-`): Python starts with sys.stdin None; one line before the model is loaded.
     closed = subprocess.run([*base, "-", str(tmp_path / "closed.h5")], stdin=subprocess.DEVNULL, capture_output=True,
