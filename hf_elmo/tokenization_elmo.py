@@ -223,8 +223,9 @@ def _build_word_splitter(style: str):
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _cached_char_row(word: str, width: int) -> tuple[int, ...]:
-    return tuple(word_to_char_ids(word, width))
+def _cached_char_row(word: str, width: int) -> tuple[tuple[int, ...], bool]:
+    """A word's char row, and whether the row cut it (decided once per word, not on every call)."""
+    return tuple(word_to_char_ids(word, width)), word_is_cut(word, width)
 
 
 def _char_alphabet(pad_token: str) -> dict[str, int]:
@@ -604,7 +605,8 @@ class ElmoTokenizer(PreTrainedTokenizer):
         return self._split_text(text)[0]
 
     def _char_row(self, word: str) -> list[int]:
-        if not self._cut_word_logged and word_is_cut(word, self.max_characters_per_token):
+        row, cut = _cached_char_row(word, self.max_characters_per_token)
+        if cut and not self._cut_word_logged:
             self._cut_word_logged = True  # once, as Transformers' tokenizers say once that a text is too long
             shown = word if len(word) <= 40 else word[:40] + "..."
             logger.warning(
@@ -612,7 +614,7 @@ class ElmoTokenizer(PreTrainedTokenizer):
                 f"UTF-8 bytes, as bilm-tf does, and sees nothing of the rest of {shown!r} "
                 f"({len(word.encode('utf-8', errors='ignore'))} bytes). Longer words are not reported again."
             )
-        return list(_cached_char_row(word, self.max_characters_per_token))
+        return list(row)
 
     def _zero_row(self) -> list[int]:
         return [0] * self.max_characters_per_token
