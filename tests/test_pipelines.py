@@ -228,6 +228,10 @@ def test_text_classification_and_feature_extraction(sentiment_folder, converted_
         expected = base(**tokenizer(texts[0], return_tensors="pt")).last_hidden_state
     features = np.array(extract(texts[0]))
     assert features.shape == (1, 5, 32) and np.abs(features - expected.numpy()).max() < 1e-6
+    # batch_size > 1 (README "Pipelines"): padded to the batch's longest sentence with zero vectors, as for any model.
+    batched = [np.array(item) for item in extract(texts, batch_size=2)]
+    assert [item.shape for item in batched] == [(1, 11, 32), (1, 11, 32)]
+    assert np.abs(batched[0][:, :5] - expected.numpy()).max() < 1e-6 and not batched[0][:, 5:].any()
 
 
 REMOTE_SCRIPT = """
