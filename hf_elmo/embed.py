@@ -278,10 +278,10 @@ def embed_file(
                     summary.num_words += len(words)
                     cut = [word for word in words if word_is_cut(word, width)]
                     if cut and summary.note("cut_word", number):
-                        logger.warning("%s, line %d: %d word(s) longer than %d UTF-8 bytes (the first: %r); the "
-                                       "model reads each as its first %d bytes, as bilm-tf does", input_name(input_path), number,
-                                       len(cut), word_byte_limit(width), cut[0][:40] + "..." * (len(cut[0]) > 40),
-                                       word_byte_limit(width))
+                        logger.warning(
+                            "%s, line %d: %d word(s) longer than %d UTF-8 bytes (the first: %r); the model reads "
+                            "each as its first %d bytes, as bilm-tf does", input_name(input_path), number, len(cut),
+                            word_byte_limit(width), cut[0][:40] + "..." * (len(cut[0]) > 40), word_byte_limit(width))
                     if not words:
                         if summary.note("empty", number):
                             logger.warning("%s, line %d: no words; stored as the empty dataset %r",
