@@ -17,6 +17,7 @@ import torch
 from .configuration_elmo import N_CHARACTERS, ElmoConfig
 from . import tokenization_elmo
 from .safe_output import check_room
+from .text_encoding import first_line_not_utf8
 
 
 logger = logging.getLogger(__name__)
@@ -267,8 +268,8 @@ def read_vocab(path: str) -> list[str]:
         raise BilmTfFormatError(f"{path}: vocabulary file not found.") from None
     except IsADirectoryError:
         raise BilmTfFormatError(f"{path}: is a directory, expected a vocabulary file.") from None
-    except UnicodeDecodeError as error:
-        raise BilmTfFormatError(f"{path}: vocabulary file is not UTF-8 text (byte {error.start}).") from None
+    except UnicodeDecodeError:
+        raise BilmTfFormatError(f"vocabulary file {first_line_not_utf8(path) or f'{path}: not UTF-8 text.'}") from None
     missing = tokenization_elmo.missing_special_words(words)
     if missing:
         raise BilmTfFormatError(

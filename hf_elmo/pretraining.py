@@ -193,24 +193,20 @@ def resolve_vocab(args, accelerator, split_words, shards, max_characters_per_tok
     kept = os.path.join(args.output_dir, "vocab.txt")
     if args.resume and os.path.isfile(kept) and latest_checkpoint(args.output_dir):
         if args.vocab:
-            from .tokenization_elmo import ElmoTokenizer
-
-            if not os.path.isfile(args.vocab):
-                raise FileNotFoundError(f"--vocab: {args.vocab} does not exist.")
-            if ElmoTokenizer(vocab_file=args.vocab).word_vocab != ElmoTokenizer(vocab_file=kept).word_vocab:
+            if checked_vocab(args.vocab, "--vocab") != checked_vocab(kept, "--resume"):
                 raise CheckpointError(
                     f"--resume: --vocab {args.vocab} is not the vocabulary of the run being resumed ({kept}); the "
                     "softmax rows would mean other words. Pass the original --vocab (or none)."
                 )
         return kept
     if args.vocab:
-        if not os.path.isfile(args.vocab):
-            raise FileNotFoundError(f"--vocab: {args.vocab} does not exist.")
         source = args.vocab
+        checked_vocab(source, "--vocab")
     elif args.build_vocab:
         source = None
     elif args.init_from and os.path.isfile(os.path.join(args.init_from, "vocab.txt")):
         source = os.path.join(args.init_from, "vocab.txt")
+        checked_vocab(source, "--init-from")
     else:
         raise FileNotFoundError(
             "no word vocabulary: pass --vocab FILE (bilm-tf format: one word per line, <S> </S> <UNK> first, most "
@@ -236,6 +232,18 @@ def resolve_vocab(args, accelerator, split_words, shards, max_characters_per_tok
                 shutil.copyfile(source, partial)
     accelerator.wait_for_everyone()
     return kept
+
+
+def checked_vocab(path: str, option: str) -> list[str]:
+    """The words of the vocabulary file that `option` names, or one line saying what is wrong with the file (missing,
+    a folder, not UTF-8, without <S> </S> <UNK>), before it is copied into the run (the tokenizer's ValueError naming
+    the copy was a traceback)."""
+    from .bilm_tf import BilmTfFormatError, read_vocab
+
+    try:
+        return read_vocab(path)
+    except BilmTfFormatError as error:
+        raise BilmTfFormatError(f"{option}: {error}") from None
 
 
 def warn_of_cut_words(words: list[str], vocab_file: str, max_characters_per_token: int) -> None:

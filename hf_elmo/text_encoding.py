@@ -24,3 +24,17 @@ def not_utf8_message(path: str, where: str, raw: bytes, error: UnicodeDecodeErro
                     f"Convert it: iconv -f {encoding} -t UTF-8 {path} > NEW_FILE")
     return (f"{where}: not UTF-8 text (byte {error.start}: {raw[error.start:error.start + 4]!r}); expected UTF-8. "
             "Convert the file, e.g. iconv -f LATIN1 -t UTF-8 for Latin-1.")
+
+
+def first_line_not_utf8(path: str, where: str = "{path}, line {number}") -> str | None:
+    """
+    `not_utf8_message` for the first line of `path` that is not UTF-8, or None if there is none: for a reader that
+    decodes a whole file at once (the vocabulary's, in the saved folder's code) and learns only that it failed.
+    """
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                return not_utf8_message(path, where.format(path=path, number=number), raw, error)
+    return None

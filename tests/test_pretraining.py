@@ -689,7 +689,17 @@ def test_run_errors_and_empty_lines(corpus, tmp_path, caplog, capsys):
     assert "no word vocabulary: pass --vocab FILE" in error_lines(capsys)[0]
     assert pretrain_main(["--train-files", str(corpus / "train.txt"), "--vocab", str(tmp_path / "missing.txt"),
                           "--output-dir", str(tmp_path / "b"), *args]) == 1
-    assert "--vocab: " + str(tmp_path / "missing.txt") + " does not exist" in error_lines(capsys)[0]
+    assert error_lines(capsys) == [f"--vocab: {tmp_path / 'missing.txt'}: vocabulary file not found."]
+    # A vocabulary that cannot be used is one line naming the user's file, not a traceback naming the run's copy of it.
+    (tmp_path / "no-specials.txt").write_text("the\nof\n", encoding="utf-8")
+    (tmp_path / "utf16.txt").write_text("<S>\n</S>\n<UNK>\nthe\n", encoding="utf-16")
+    for vocab, message in (("no-specials.txt", "vocabulary lacks <S>, </S>, <UNK>"),
+                           ("utf16.txt", "the file is UTF-16 (it starts with a UTF-16 byte-order mark)")):
+        assert pretrain_main(["--train-files", str(corpus / "train.txt"), "--vocab", str(tmp_path / vocab),
+                              "--output-dir", str(tmp_path / "b"), *args]) == 1
+        lines = error_lines(capsys)
+        assert len(lines) == 1 and lines[0].startswith("--vocab: ") and message in lines[0], lines
+        assert str(tmp_path / vocab) in lines[0] and not (tmp_path / "b").exists()
     (tmp_path / "empty.txt").write_text("", encoding="utf-8")
     assert pretrain_main(["--train-files", str(tmp_path / "empty.txt"), "--build-vocab",
                           "--output-dir", str(tmp_path / "c"), *args]) == 1

@@ -348,6 +348,15 @@ def test_vocabulary_without_the_special_words_is_one_line_and_a_bom_is_not_a_wor
     assert main(convert_args(elmo_fixture, tmp_path / "out", "--vocab", str(vocab))) == 1
     assert error_line(capsys) == (f"error: {vocab}: vocabulary lacks <S>, </S>, <UNK>; a bilm-tf vocabulary lists one "
                                   "word per line with <S>, </S> and <UNK> among them.")
+    vocab.write_text("<S>\n</S>\n<UNK>\nthe\n", encoding="utf-16")
+    assert main(convert_args(elmo_fixture, tmp_path / "out", "--vocab", str(vocab))) == 1
+    assert error_line(capsys) == (f"error: vocabulary file {vocab}: the file is UTF-16 (it starts with a UTF-16 "
+                                  f"byte-order mark); expected UTF-8. Convert it: iconv -f UTF-16 -t UTF-8 {vocab} > "
+                                  "NEW_FILE")
+    vocab.write_bytes("<S>\n</S>\n<UNK>\ncaf\u00e9\n".encode("latin-1"))  # a line in, not the decoder's chunk offset
+    assert main(convert_args(elmo_fixture, tmp_path / "out", "--vocab", str(vocab))) == 1
+    assert error_line(capsys) == (f"error: vocabulary file {vocab}, line 4: not UTF-8 text (byte 3: b'\\xe9\\n'); "
+                                  "expected UTF-8. Convert the file, e.g. iconv -f LATIN1 -t UTF-8 for Latin-1.")
     vocab.write_bytes("\ufeff<S>\n</S>\n<UNK>\nthe\n".encode())
     assert main(convert_args(elmo_fixture, tmp_path / "out", "--vocab", str(vocab))) == 0
     assert (tmp_path / "out" / "vocab.txt").read_text().splitlines() == ["<S>", "</S>", "<UNK>", "the"]
