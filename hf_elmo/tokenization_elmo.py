@@ -459,6 +459,7 @@ class ElmoTokenizer(PreTrainedTokenizer):
     vocab_files_names = VOCAB_FILES_NAMES
     model_input_names = ["input_ids", "attention_mask"]
     padding_side = "right"
+    _cut_word_logged = False  # until this tokenizer meets its first cut word (a class default: also when unpickled)
 
     def __init__(
         self,
@@ -478,7 +479,6 @@ class ElmoTokenizer(PreTrainedTokenizer):
                 f"got {max_characters_per_token!r}."
             )
         self.max_characters_per_token = max_characters_per_token
-        self._cut_word_logged = False
         self.pre_tokenizer = pre_tokenizer
         self._word_splitter = _build_word_splitter(pre_tokenizer)
         self.vocab_file = None if vocab_file is None else os.fspath(vocab_file)
