@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from .configuration_elmo import char_id_rows
-from .text_encoding import not_utf8_message
+from .text_encoding import CONVERT_LATIN1, first_line_not_utf8, not_utf8_message
 
 
 logger = logging.getLogger(__name__)
@@ -320,7 +320,7 @@ class Elmo(nn.Module):
 
 def read_sentences(input_file) -> list[str]:
     """`embed_file`'s input: the stripped lines of an open text file (closed after) or a path (UTF-8); a blank line
-    is a `ConfigurationError`, as in AllenNLP, and so is text that is not UTF-8 (naming the line, for a path)."""
+    is a `ConfigurationError`, as in AllenNLP, and so is text that is not UTF-8 (naming the line, for a file)."""
     if isinstance(input_file, (str, os.PathLike)):
         sentences = []
         with open(input_file, "rb") as handle:
@@ -334,8 +334,10 @@ def read_sentences(input_file) -> list[str]:
         try:
             sentences = [line.strip() for line in input_file]
         except UnicodeDecodeError as error:
-            raise ConfigurationError(f"{getattr(input_file, 'name', 'the input')}: not UTF-8 text ({error.reason}); "
-                                     "convert it first, e.g. iconv -f latin1 -t utf-8.") from None
+            name = getattr(input_file, "name", None)  # an open file names its path: find the line there
+            found = first_line_not_utf8(name) if isinstance(name, str) and os.path.isfile(name) else None
+            raise ConfigurationError(found or f"{name or 'the input'}: not UTF-8 text ({error.reason}); "
+                                     f"{CONVERT_LATIN1}") from None
         finally:
             input_file.close()
     blank = [i for i, sentence in enumerate(sentences) if sentence == ""]

@@ -12,6 +12,9 @@ FOREIGN_BYTE_ORDER_MARKS = {codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: 
                             codecs.BOM_UTF16_LE: "UTF-16", codecs.BOM_UTF16_BE: "UTF-16"}
 
 
+CONVERT_LATIN1 = "expected UTF-8. Convert the file, e.g. iconv -f LATIN1 -t UTF-8 for Latin-1."
+
+
 def not_utf8_message(path: str, where: str, raw: bytes, error: UnicodeDecodeError) -> str:
     """
     The one line for a line of `path` that is not UTF-8: `where` names the line in the reader's own style ("FILE,
@@ -22,8 +25,7 @@ def not_utf8_message(path: str, where: str, raw: bytes, error: UnicodeDecodeErro
         if raw.startswith(mark):
             return (f"{path}: the file is {encoding} (it starts with a {encoding} byte-order mark); expected UTF-8. "
                     f"Convert it: iconv -f {encoding} -t UTF-8 {path} > NEW_FILE")
-    return (f"{where}: not UTF-8 text (byte {error.start}: {raw[error.start:error.start + 4]!r}); expected UTF-8. "
-            "Convert the file, e.g. iconv -f LATIN1 -t UTF-8 for Latin-1.")
+    return f"{where}: not UTF-8 text (byte {error.start}: {raw[error.start:error.start + 4]!r}); {CONVERT_LATIN1}"
 
 
 def first_line_not_utf8(path: str, where: str = "{path}, line {number}") -> str | None:

@@ -247,6 +247,13 @@ def test_embed_file_writes_allennlps_layout(files, tmp_path):
         assert handle.closed
     with h5py.File(tmp_path / "forget.hdf5", "r") as f:
         assert sorted(f.keys()) == ["0", "1", "2", "3"]
+    # An open file that is not UTF-8: its line, found in the file it names, as for a path.
+    (tmp_path / "latin1.txt").write_bytes("Hi\ncaf\u00e9 au lait\n".encode("latin-1"))
+    with open(tmp_path / "latin1.txt", encoding="utf-8") as handle:
+        with pytest.raises(ConfigurationError) as refused:
+            embedder.embed_file(handle, str(tmp_path / "latin1.hdf5"))
+    assert str(refused.value) == (f"{tmp_path / 'latin1.txt'}, line 2: not UTF-8 text (byte 3: b'\\xe9 au'); expected "
+                                  "UTF-8. Convert the file, e.g. iconv -f LATIN1 -t UTF-8 for Latin-1.")
     (tmp_path / "unique.txt").write_text("a b\nc d e\n", encoding="utf-8")
     embedder.embed_file(str(tmp_path / "unique.txt"), str(tmp_path / "keys.hdf5"), use_sentence_keys=True)
     with h5py.File(tmp_path / "keys.hdf5", "r") as f:
