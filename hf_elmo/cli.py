@@ -37,13 +37,13 @@ of lines with cut words.
 Read it with h5py: vectors = f["0"][...]; words = json.loads(f["0"].attrs["words"]).
 
 Lines with no words are stored as empty datasets (0 words) and logged with their line numbers; an empty
-input gives a file without datasets, with a warning. Lines of
-more than --max-words words are split into pieces embedded independently (context does not cross a piece
-boundary), stored one after the other in the line's dataset, and logged. A word of more than 48 UTF-8
-bytes is read as its first 48 (as bilm-tf reads it), and its line is logged. The model is stateless: a line's
-vectors depend only on that line (equal to float32 rounding wherever it appears; bit for bit with
---batch-size 1), and the same input and options give the same file. The output appears only when
-complete: it is written to a hidden .NAME.<pid>.partial file beside it and renamed at the end.
+input gives a file without datasets, with a warning. Lines of more than --max-words words are split into
+pieces embedded independently (context does not cross a piece boundary), stored one after the other in
+the line's dataset, and logged. A word of more than 48 UTF-8 bytes is read as its first 48 (as bilm-tf
+reads it), and its line is logged. The model is stateless: a line's vectors depend only on that line
+(equal to float32 rounding wherever it appears; bit for bit with --batch-size 1), and the same input and
+options give the same file. The output appears only when complete: it is written to a hidden
+.NAME.<pid>.partial file beside it and renamed at the end.
 """
 
 PUBLISH_DESCRIPTION = """\
