@@ -17,7 +17,7 @@ import torch
 from .configuration_elmo import N_CHARACTERS, ElmoConfig
 from . import tokenization_elmo
 from .safe_output import check_room
-from .text_encoding import first_line_not_utf8
+from .text_encoding import first_line_not_utf8, foreign_encoding
 
 
 logger = logging.getLogger(__name__)
@@ -39,14 +39,13 @@ def read_options(path: str) -> dict:
     except json.JSONDecodeError as error:
         raise BilmTfFormatError(f"{path}: not valid JSON ({error}).") from None
     except UnicodeDecodeError:
+        with open(path, "rb") as f:
+            head = f.read(8)
+        if foreign_encoding(head):  # saved as "Unicode" by an editor: text, in another encoding
+            raise BilmTfFormatError(f"options file {first_line_not_utf8(path)}") from None
         # Binary: most often the weights file given as --options (the two swapped).
-        hint = " It is an HDF5 file: are --options and --weights swapped?" if _is_hdf5(path) else ""
+        hint = " It is an HDF5 file: are --options and --weights swapped?" if head == b"\x89HDF\r\n\x1a\n" else ""
         raise BilmTfFormatError(f"{path}: not an options file (binary, not UTF-8 JSON text).{hint}") from None
-
-
-def _is_hdf5(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(8) == b"\x89HDF\r\n\x1a\n"
 
 
 def config_from_options(options: dict, source: str = "options.json") -> ElmoConfig:

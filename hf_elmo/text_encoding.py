@@ -15,16 +15,21 @@ FOREIGN_BYTE_ORDER_MARKS = {codecs.BOM_UTF32_LE: "UTF-32", codecs.BOM_UTF32_BE: 
 CONVERT_LATIN1 = "expected UTF-8. Convert the file, e.g. iconv -f LATIN1 -t UTF-8 for Latin-1."
 
 
+def foreign_encoding(head: bytes) -> str | None:
+    """"UTF-16" or "UTF-32" where `head`, the start of a file, begins with that encoding's byte-order mark."""
+    return next((encoding for mark, encoding in FOREIGN_BYTE_ORDER_MARKS.items() if head.startswith(mark)), None)
+
+
 def not_utf8_message(path: str, where: str, raw: bytes, error: UnicodeDecodeError) -> str:
     """
     The one line for a line of `path` that is not UTF-8: `where` names the line in the reader's own style ("FILE,
     line 3" or "FILE:3"), `raw` is its bytes and `error` what decoding them raised. A line that starts with a UTF-16 or
     UTF-32 byte-order mark (the first line of such a file) names that encoding instead.
     """
-    for mark, encoding in FOREIGN_BYTE_ORDER_MARKS.items():
-        if raw.startswith(mark):
-            return (f"{path}: the file is {encoding} (it starts with a {encoding} byte-order mark); expected UTF-8. "
-                    f"Convert it: iconv -f {encoding} -t UTF-8 {path} > NEW_FILE")
+    encoding = foreign_encoding(raw)
+    if encoding is not None:
+        return (f"{path}: the file is {encoding} (it starts with a {encoding} byte-order mark); expected UTF-8. "
+                f"Convert it: iconv -f {encoding} -t UTF-8 {path} > NEW_FILE")
     return f"{where}: not UTF-8 text (byte {error.start}: {raw[error.start:error.start + 4]!r}); {CONVERT_LATIN1}"
 
 

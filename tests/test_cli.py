@@ -193,6 +193,15 @@ def test_convert_command_errors(elmo_fixture, tmp_path, capsys):
         f"error: {elmo_fixture / 'lm_weights.hdf5'}: not an options file (binary, not UTF-8 JSON text). It is an "
         "HDF5 file: are --options and --weights swapped?\n")
     assert not (tmp_path / "x").exists()
+    # options.json saved as "Unicode" by an editor: named as UTF-16 text, not as a binary file.
+    utf16 = tmp_path / "options16.json"
+    utf16.write_text((elmo_fixture / "options.json").read_text(encoding="utf-8"), encoding="utf-16")
+    assert main(["convert", "--options", str(utf16), "--weights", str(elmo_fixture / "lm_weights.hdf5"), "--output",
+                 str(tmp_path / "x")]) == 1
+    assert capsys.readouterr().err.endswith(
+        f"error: options file {utf16}: the file is UTF-16 (it starts with a UTF-16 byte-order mark); expected UTF-8. "
+        f"Convert it: iconv -f UTF-16 -t UTF-8 {utf16} > NEW_FILE\n")
+    assert not (tmp_path / "x").exists()
 
 
 # ---------------------------------------------------------------------------------------------- embed
