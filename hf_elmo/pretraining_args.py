@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     vocab = parser.add_argument_group("word vocabulary (the softmax targets)")
     vocab.add_argument("--vocab", default=None,
-                       help="bilm-tf vocabulary file: one word per line, <S> </S> <UNK> first, most frequent first.")
+                       help="bilm-tf vocabulary file: one word per line, most frequent first, holding <S>, </S> and "
+                       "<UNK> (--build-vocab writes them first); checked before training starts.")
     vocab.add_argument("--build-vocab", action="store_true",
                        help="count the words of --train-files and write OUTPUT_DIR/vocab.txt (bilm-tf's format).")
     vocab.add_argument("--min-count", type=int, default=1,
