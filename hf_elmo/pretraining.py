@@ -209,8 +209,8 @@ def resolve_vocab(args, accelerator, split_words, shards, max_characters_per_tok
         checked_vocab(source, "--init-from")
     else:
         raise FileNotFoundError(
-            "no word vocabulary: pass --vocab FILE (bilm-tf format: one word per line, <S> </S> <UNK> first, most "
-            "frequent first) or --build-vocab to count the words of --train-files"
+            "no word vocabulary: pass --vocab FILE (bilm-tf format: one word per line, most frequent first, holding "
+            "<S> </S> <UNK>) or --build-vocab to count the words of --train-files"
             + (f" ({args.init_from} has no vocab.txt)." if args.init_from else ".")
         )
     if accelerator.is_main_process:
