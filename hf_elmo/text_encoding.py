@@ -33,7 +33,7 @@ def not_utf8_message(path: str, where: str, raw: bytes, error: UnicodeDecodeErro
     return f"{where}: not UTF-8 text (byte {error.start}: {raw[error.start:error.start + 4]!r}); {CONVERT_LATIN1}"
 
 
-def first_line_not_utf8(path: str, where: str = "{path}, line {number}") -> str | None:
+def first_line_not_utf8(path: str) -> str | None:
     """
     `not_utf8_message` for the first line of `path` that is not UTF-8, or None if there is none: for a reader that
     decodes a whole file at once (the vocabulary's, in the saved folder's code) and learns only that it failed.
@@ -43,5 +43,5 @@ def first_line_not_utf8(path: str, where: str = "{path}, line {number}") -> str 
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                return not_utf8_message(path, where.format(path=path, number=number), raw, error)
+                return not_utf8_message(path, f"{path}, line {number}", raw, error)
     return None
