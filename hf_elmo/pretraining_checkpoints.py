@@ -92,24 +92,27 @@ def prepare_output_dir(args, accelerator, lock_existed: bool = False) -> str | N
     ours stopped before its first checkpoint (`EARLY_FILES`); --resume takes a folder holding a run of ours. A
     folder holding anything else is refused, untouched.
     """
-    checkpoint = latest_checkpoint(args.output_dir)
     names = sorted(set(os.listdir(args.output_dir)) - {LOCK_FILE}) if os.path.isdir(args.output_dir) else []
-    earlier = [name for name in (TRAINING_ARGS_FILE, "config.json") if name in names]
+    # A run of ours writes its options before anything else that outlives a kill, so they are its mark. A model
+    # folder (config.json) or another trainer's checkpoint-N without them is someone else's: resuming "into" it
+    # would overwrite that model with a new one.
+    run = TRAINING_ARGS_FILE in names
+    checkpoint = latest_checkpoint(args.output_dir) if run else None
     # An early start of ours (its lock file left by a kill) is taken over only if it holds nothing but what such a
     # start writes: anything else in the folder may be the user's.
-    ours = bool(checkpoint or earlier or lock_existed and set(names) <= EARLY_FILES)
-    if names and not ours:
+    if names and not (run or lock_existed and set(names) <= EARLY_FILES):
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        model = " To train on from the model it holds, pass it as --init-from." if "config.json" in names else ""
         raise FileExistsError(
             f"{args.output_dir} is not empty and holds no hf-elmo pretrain run ({shown}); nothing was touched. "
-            "Choose a new or empty --output-dir."
+            f"Choose a new or empty --output-dir.{model}"
         )
-    if (checkpoint or earlier) and not args.resume:
+    if run and not args.resume:
         raise FileExistsError(
-            f"{args.output_dir} already holds a run ({os.path.basename(checkpoint or earlier[0])}); pass --resume to "
-            "continue it, or choose another --output-dir."
+            f"{args.output_dir} already holds a run ({os.path.basename(checkpoint or TRAINING_ARGS_FILE)}); pass "
+            "--resume to continue it, or choose another --output-dir."
         )
-    if names and not (checkpoint or earlier):
+    if names and not run:
         logger.info("%s holds what a run that stopped before its first checkpoint wrote (%s); starting over",
                     args.output_dir, ", ".join(names))
     if args.resume and checkpoint is None:

@@ -1367,7 +1367,7 @@ def test_pretrain_writes_only_into_folders_of_its_own(corpus, tmp_path, capsys):
         return code, error_lines(capsys)[-1] if code else ""
 
     def snapshot(folder) -> dict:
-        return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in folder.iterdir()}
+        return {p.name: (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns) for p in folder.iterdir()}
 
     # A folder of the user's: refused with or without --resume, every file as it was.
     users = tmp_path / "users"
@@ -1381,6 +1381,20 @@ def test_pretrain_writes_only_into_folders_of_its_own(corpus, tmp_path, capsys):
                                          "modeling_elmo.py, vocab.txt); nothing was touched. Choose a new or empty "
                                          "--output-dir.")
         assert snapshot(users) == before
+    # A model folder, or another trainer's output with its checkpoint-N, is not a run of ours either: --resume
+    # "into" it would have started at step 0 and written a new model over the user's.
+    model = tmp_path / "model"
+    (model / "checkpoint-500").mkdir(parents=True)
+    for name, text in (("config.json", "{}\n"), ("model.safetensors", "weights"), ("training_args.bin", "x")):
+        (model / name).write_text(text)
+    model_files = snapshot(model)
+    for extra in ((), ("--resume",)):
+        code, message = run(model, *extra)
+        assert code == 1 and message == (f"{model} is not empty and holds no hf-elmo pretrain run (checkpoint-500, "
+                                         "config.json, model.safetensors, training_args.bin); nothing was touched. "
+                                         "Choose a new or empty --output-dir. To train on from the model it holds, "
+                                         "pass it as --init-from.")
+        assert snapshot(model) == model_files and os.listdir(model / "checkpoint-500") == []
     # An input inside the output folder (here the corpus, which --build-vocab would overwrite as vocab.txt).
     code = pretrain_main(["--train-files", str(users / "vocab.txt"), "--config", str(corpus / "tiny.json"),
                           "--output-dir", str(users), "--build-vocab", "--max-steps", "1"])
