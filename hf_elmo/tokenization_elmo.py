@@ -275,7 +275,7 @@ def _load_word_vocab(path) -> list[str]:
         raise ValueError(
             f"ElmoTokenizer: the vocabulary file {path!r} lacks the required entries {missing}. A bilm-tf "
             f"vocabulary lists one word per line, frequency sorted, with {BEGIN_SENTENCE_WORD}, "
-            f"{END_SENTENCE_WORD} and {UNKNOWN_WORD} first."
+            f"{END_SENTENCE_WORD} and {UNKNOWN_WORD} among them."
         )
     return words
 
