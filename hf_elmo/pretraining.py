@@ -591,8 +591,8 @@ class PretrainingRun:
             "vocab_sha256": self.vocab_digest, "num_processes": self.accelerator.num_processes,
             "data": self.data_record,
         }
-        path = save_checkpoint(self.accelerator, self.model, self.optimizer, args.output_dir, self.progress.step,
-                               args.save_total_limit, training_state)
+        path = save_checkpoint(self.accelerator, self.model, self.tokenizer, self.optimizer, args.output_dir,
+                               self.progress.step, args.save_total_limit, training_state)
         logger.info("Saved checkpoint %s", path)
         return path
 

@@ -300,8 +300,14 @@ def load_optimizer(optimizer, checkpoint: str) -> None:
         raise CheckpointError(f"--resume: {path} does not fit this optimizer ({error!r}).") from None
 
 
-def save_checkpoint(accelerator, model, optimizer, output_dir: str, step: int, keep: int, training_state: dict) -> str:
-    """Write `checkpoint-STEP` into a staging folder renamed into place, so a killed save never looks complete."""
+def save_checkpoint(
+    accelerator, model, tokenizer, optimizer, output_dir: str, step: int, keep: int, training_state: dict
+) -> str:
+    """
+    Write `checkpoint-STEP` into a staging folder renamed into place, so a killed save never looks complete. Beside
+    what resuming reads, it holds the run's tokenizer (its vocab.txt), so that a checkpoint is a whole model folder
+    that loads, publishes or starts another run as the final one does.
+    """
     final = os.path.join(output_dir, f"checkpoint-{step}")
     staging = final + ".partial"
     if accelerator.is_main_process:
@@ -313,7 +319,9 @@ def save_checkpoint(accelerator, model, optimizer, output_dir: str, step: int, k
     # A full disk shows as safetensors', torch's or our own error: one line, and no half checkpoint left.
     with no_room_reported(final, clean_up=lambda: shutil.rmtree(staging, ignore_errors=True)):
         if accelerator.is_main_process:
-            # Data-parallel replicas hold the same model and optimizer state: one copy is written.
+            # Data-parallel replicas hold the same model and optimizer state: one copy is written. The tokenizer
+            # first, or the model would save a default one without the word vocabulary.
+            tokenizer.save_pretrained(staging)
             accelerator.unwrap_model(model).save_pretrained(staging, state_dict=state_dict)
             torch.save(optimizer.state_dict(), os.path.join(staging, OPTIMIZER_FILE))
             write_json_atomic(os.path.join(staging, TRAINING_STATE_FILE), training_state, indent=1)

@@ -7,7 +7,7 @@ the model re-saved with `save_pretrained` (safetensors weights, config with the 
 when present, any other code, json or png file of the folder (a fine-tuned head's `metrics.json`, `labels.json` and
 `layer_weights.png`), and a model card generated from the folder's metadata and, for a head, its run's metrics.
 Re-saving also proves that the folder loads before anything is sent. Training state (optimizer, scheduler, RNG,
-Trainer state), weight files in other formats and sub-folders (checkpoints) are left out, and said so. A link
+Trainer state, a pretraining checkpoint's), weight files in other formats and sub-folders (checkpoints) are left out, and said so. A link
 whose target lies outside the folder stops publishing before anything is read (`_refuse_links_outside`).
 
 Network calls go through `huggingface_hub.HfApi`: `create_repo` (exist_ok) then one `create_commit` holding every
@@ -29,7 +29,12 @@ from huggingface_hub.utils import validate_repo_id
 from . import modeling_elmo
 from .configuration_elmo import ElmoConfig
 from .model_card import RECIPE_ARGUMENTS, elmo_model_card, plot_perplexity_curve
-from .pretraining_checkpoints import METRICS_FILE as PRETRAINING_METRICS, TRAINING_ARGS_FILE
+from .pretraining_checkpoints import (
+    METRICS_FILE as PRETRAINING_METRICS,
+    RNG_STATE_FILE,
+    TRAINING_ARGS_FILE,
+    TRAINING_STATE_FILE,
+)
 from .run_record import dataset_name_record
 from .safe_output import is_within, no_room_error
 from .tokenization_elmo import ElmoTokenizer
@@ -44,9 +49,10 @@ METRICS_FILE = "metrics.json"
 LAYER_WEIGHTS_PLOT = "layer_weights.png"
 PERPLEXITY_PLOT = "perplexity_curve.png"
 # Never published: Trainer/Accelerate state, a pretraining run's options (they hold the user's local paths: the card
-# shows the recipe and the files' names), and weights in formats other than the re-saved safetensors.
+# shows the recipe and the files' names) and the resumable state of its checkpoints, and weights in formats other
+# than the re-saved safetensors.
 LEFT_OUT = (
-    TRAINING_ARGS_FILE,
+    TRAINING_ARGS_FILE, TRAINING_STATE_FILE, RNG_STATE_FILE.format(rank="*"),
     "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state*.pth", "training_args.bin", "trainer_state.json",
     "*.bin", "*.safetensors", "*.safetensors.index.json", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.hdf5", "*.msgpack",
 )

@@ -591,6 +591,22 @@ def test_training_on_english_lowers_heldout_perplexity(trained, corpus, caplog):
     assert not [name for name in os.listdir(trained) if name.endswith(".partial")]
 
 
+def test_a_checkpoint_is_a_whole_model_folder_and_publishes_without_its_training_state(trained, tmp_path):
+    from hf_elmo.publish import prepare_folder
+
+    # The run's word vocabulary travels with each checkpoint: its tokenizer and softmax rows mean the same words.
+    checkpoint = trained / "checkpoint-15"
+    words = (trained / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert AutoTokenizer.from_pretrained(checkpoint).word_vocab == words
+    model = AutoModelForPreTraining.from_pretrained(checkpoint)
+    assert model.config.vocab_size == len(words) == model.softmax.weight.shape[0]
+    # Published, it is the model and its tokenizer; what resuming reads stays home.
+    prepared = prepare_folder(str(checkpoint), str(tmp_path / "up"), repo_id="someone/elmo-step-15")
+    assert sorted(prepared.left_out) == ["optimizer.bin", "rng_state_0.json", "training_state.json"]
+    assert "vocab.txt" in prepared.files and not [name for name in prepared.files if "state" in name]
+    assert ElmoTokenizer.from_pretrained(tmp_path / "up").word_vocab == words
+
+
 def test_report_to_defaults_to_what_is_installed(monkeypatch, capsys):
     import accelerate.utils
 
@@ -1096,7 +1112,7 @@ def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
     # Data only (and the model's code files, which save_pretrained adds and resuming never imports).
     assert sorted(name for name in os.listdir(resume_from) if not name.endswith(".py")) == [
         "config.json", "model.safetensors", "optimizer.bin", "rng_state_0.json", "rng_state_1.json",
-        "tokenizer_config.json", "training_state.json",
+        "tokenizer_config.json", "training_state.json", "vocab.txt",
     ]
     # Pickles where Accelerate keeps its custom and random states, each of which would leave a folder if unpickled.
     planted = output / "payload-ran"
