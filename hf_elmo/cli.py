@@ -86,7 +86,8 @@ def add_convert_arguments(parser) -> None:
     parser.add_argument("--output", required=True, help="folder to write; created atomically (nothing is left "
                         "behind on failure).")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it is a folder this tool wrote "
-                        "(an ELMo model folder or a bilm-tf export); never an input or the current folder.")
+                        "(an ELMo model folder or a bilm-tf export); never an input, the current folder or a "
+                        "training run's folder (checkpoints).")
     parser.add_argument("--to-bilm-tf", metavar="MODEL_DIR", default=None,
                         help="reverse direction: export the hf_elmo model in MODEL_DIR as options.json + "
                         "weights.hdf5 into --output (then --options/--weights are not used).")

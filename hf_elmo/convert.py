@@ -11,12 +11,34 @@ from . import bilm_tf
 from .configuration_elmo import ElmoConfig
 from .model_source import resolve_model
 from .modeling_elmo import ElmoModel
+from .pretraining_checkpoints import CHECKPOINT_PATTERN, TRAINING_ARGS_FILE
 from .run_record import sha256_of
-from .safe_output import atomic_output_dir, check_replaceable_dir
+from .safe_output import OutputError, atomic_output_dir, check_replaceable_dir
 from .tokenization_elmo import ElmoTokenizer
 
 
 logger = logging.getLogger(__name__)
+
+# Beside checkpoint-N folders, what marks a folder as a training run's (hf-elmo pretrain's options, a Trainer's).
+TRAINING_RUN_FILES = (TRAINING_ARGS_FILE, "training_args.bin", "trainer_state.json")
+
+
+def check_output_dir(output_dir: str, overwrite: bool, inputs: list[str]) -> None:
+    """
+    `check_replaceable_dir`, and --overwrite never replaces a training run's folder: a converted model or an export
+    comes back by converting again, days of checkpoints do not (an ELMo model folder that is also a pretraining
+    run's output would otherwise qualify).
+    """
+    output_dir = os.path.abspath(output_dir)
+    check_replaceable_dir(output_dir, overwrite, inputs=inputs)
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    run = sorted(name for name in names if name in TRAINING_RUN_FILES or CHECKPOINT_PATTERN.match(name))
+    if run:
+        raise OutputError(
+            f"{output_dir}: holds a training run ({', '.join(run[:3])}{', ...' if len(run) > 3 else ''}); --overwrite "
+            "replaces a converted model or a bilm-tf export, never a run's checkpoints. Remove it yourself or "
+            "choose another output."
+        )
 
 
 def load_bilm_tf(options_file: str, weight_file: str, progress: bool = False) -> ElmoModel:
@@ -47,7 +69,7 @@ def convert_bilm_tf_to_hf(
     if vocab_file is not None:
         sources["vocab"] = vocab_file
     # Before reading gigabytes: an output that may not be written is known at once.
-    check_replaceable_dir(os.path.abspath(output_dir), overwrite, inputs=list(sources.values()))
+    check_output_dir(output_dir, overwrite, inputs=list(sources.values()))
     model = load_bilm_tf(options_file, weight_file, progress=progress)
     if vocab_file is not None:
         bilm_tf.read_vocab(vocab_file)  # fail on a missing or unusable file before anything is written
@@ -73,7 +95,7 @@ def convert_hf_to_bilm_tf(
     `with_vocab`, a word vocabulary saved in a local `model_dir` (`vocab.txt`, already in bilm-tf's format) is
     copied along, inside the same atomic write: the export appears whole or not at all.
     """
-    check_replaceable_dir(os.path.abspath(output_dir), overwrite, inputs=[model_dir])
+    check_output_dir(output_dir, overwrite, inputs=[model_dir])
     name, extra = resolve_model(model_dir)  # a mistyped folder fails here, without a Hub request
     model = ElmoModel.from_pretrained(name, **extra)
     config: ElmoConfig = model.config

@@ -78,6 +78,31 @@ def test_convert_overwrite_replaces_only_a_folder_it_wrote(elmo_fixture, model_c
     assert sorted(os.listdir(tmp_path)) == ["model", "photos"]
 
 
+def test_convert_overwrite_never_replaces_a_training_run(elmo_fixture, model_copy, tmp_path, capsys):
+    # hf-elmo pretrain's output is an ELMo model folder too, beside its checkpoints and options: replacing it was
+    # allowed, and took the run's checkpoints with it. The same for a Trainer's output, and for the export.
+    run = tmp_path / "elmo-news"
+    shutil.copytree(model_copy, run)
+    (run / "training_args.json").write_text("{}")
+    shutil.copytree(model_copy, run / "checkpoint-2000")
+    trainer = tmp_path / "ner"
+    shutil.copytree(model_copy, trainer / "checkpoint-500")
+    (trainer / "checkpoint-500" / "trainer_state.json").write_text("{}")
+    for folder, shown, command in (
+        (run, "checkpoint-2000, training_args.json", convert_args(elmo_fixture, run, "--overwrite")),
+        (trainer, "checkpoint-500", ["convert", "--to-bilm-tf", str(model_copy), "--output", str(trainer),
+                                     "--overwrite"]),
+    ):
+        before = listing(folder)
+        assert main(command) == 1
+        assert error_line(capsys) == (
+            f"error: {folder}: holds a training run ({shown}); --overwrite replaces a converted model or a bilm-tf "
+            "export, never a run's checkpoints. Remove it yourself or choose another output."
+        )
+        assert listing(folder) == before
+    assert sorted(os.listdir(tmp_path)) == ["elmo-news", "model", "ner"]
+
+
 def test_convert_overwrite_never_replaces_the_current_folder(elmo_fixture, tmp_path, monkeypatch, capsys):
     (tmp_path / "notes.txt").write_text("mine")
     monkeypatch.chdir(tmp_path)
