@@ -754,6 +754,10 @@ class PretrainingRun:
         evaluating = bool(args.eval_file)
         if evaluating and progress.step == 0:
             scores = self.evaluate()
+        if progress.step >= args.max_steps:
+            logger.warning("The run is already at step %d and --max-steps is %d: nothing is left to train, and the "
+                           "final model is saved again. A larger --max-steps extends the run", progress.step,
+                           args.max_steps)
         self.start_batches()
         # Shown by the main process on a terminal (None: tqdm hides it when the output is not a TTY, or
         # TQDM_DISABLE=1).

@@ -751,6 +751,14 @@ def test_run_errors_and_empty_lines(corpus, tmp_path, caplog, capsys):
     assert "step 2: loss" in caplog.text and ", lr 0.2, " in caplog.text
     assert f"Resumed from {tmp_path / 'e' / 'checkpoint-2'}: step 2" in caplog.text
     assert "step 3: loss" in caplog.text and re.search(r"step 4: loss .*, lr 0\.05, ", caplog.text)
+    # Resumed with a --max-steps it has reached, it says so instead of looking like a run that trained.
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    caplog.clear()
+    assert pretrain_main([*extend, "--max-steps", "4", "--resume"]) == 0
+    assert ("The run is already at step 4 and --max-steps is 4: nothing is left to train, and the final model is "
+            "saved again. A larger --max-steps extends the run") in caplog.text
+    assert "step 5: loss" not in caplog.text
 
 
 class Payload:
