@@ -197,8 +197,8 @@ def _pretraining_sections(pretraining: dict, plot: str | None) -> list[str]:
              + (f", in {wall} of wall time (until the last logged step)" if wall else "") + "."]
     final = pretraining.get("heldout_perplexity")
     if final:
-        lines.append(f"Held-out perplexity on `{pretraining.get('eval_file')}` at the end: forward "
-                     f"{final['forward']:.2f}, backward {final['backward']:.2f}.")
+        lines.append(f"Held-out perplexity on `{pretraining.get('eval_file')}` at step {pretraining.get('step'):,}: "
+                     f"forward {final['forward']:.2f}, backward {final['backward']:.2f}.")
     recipe = pretraining.get("recipe") or {}
     sections = ["## Pretraining", " ".join(lines)]
     if recipe:

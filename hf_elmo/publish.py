@@ -7,8 +7,9 @@ the model re-saved with `save_pretrained` (safetensors weights, config with the 
 when present, any other code, json or png file of the folder (a fine-tuned head's `metrics.json`, `labels.json` and
 `layer_weights.png`), and a model card generated from the folder's metadata and, for a head, its run's metrics.
 Re-saving also proves that the folder loads before anything is sent. Training state (optimizer, scheduler, RNG,
-Trainer state, a pretraining checkpoint's), weight files in other formats and sub-folders (checkpoints) are left out, and said so. A link
-whose target lies outside the folder stops publishing before anything is read (`_refuse_links_outside`).
+Trainer state, a pretraining checkpoint's), weight files in other formats and sub-folders (checkpoints) are left
+out, and said so. A link whose target lies outside the folder stops publishing before anything is read
+(`_refuse_links_outside`).
 
 Network calls go through `huggingface_hub.HfApi`: `create_repo` (exist_ok) then one `create_commit` holding every
 file, optionally as a pull request.
@@ -30,6 +31,7 @@ from . import modeling_elmo
 from .configuration_elmo import ElmoConfig
 from .model_card import RECIPE_ARGUMENTS, elmo_model_card, plot_perplexity_curve
 from .pretraining_checkpoints import (
+    CHECKPOINT_PATTERN,
     METRICS_FILE as PRETRAINING_METRICS,
     RNG_STATE_FILE,
     TRAINING_ARGS_FILE,
@@ -149,19 +151,28 @@ def read_pretraining(model_dir: str) -> dict | None:
     """
     What a finished `hf-elmo pretrain` folder records of its run, for the card: the training files by name (never
     their folders, which are the user's own), tokens seen, the wall time of all its runs (resumed ones added),
-    held-out perplexity at the end and at each evaluation (metrics.jsonl), and the recipe. None for any other
-    folder.
+    held-out perplexity at the end and at each evaluation (metrics.jsonl), and the recipe. For one of its
+    `checkpoint-STEP` folders, the same up to that step. None for any other folder.
     """
-    arguments = _read_json(os.path.join(model_dir, TRAINING_ARGS_FILE))
-    results = _read_json(os.path.join(model_dir, "eval_results.json"))
+    run_dir, results, last_step = model_dir, _read_json(os.path.join(model_dir, "eval_results.json")), None
+    if CHECKPOINT_PATTERN.match(os.path.basename(os.path.normpath(model_dir))):
+        state = _read_json(os.path.join(model_dir, TRAINING_STATE_FILE))
+        progress = state.get("progress") if isinstance(state, dict) else None
+        if isinstance(progress, dict) and isinstance(progress.get("step"), int):
+            run_dir, last_step = os.path.dirname(os.path.normpath(model_dir)), progress["step"]
+            results = {"step": last_step, "tokens_seen": progress.get("tokens"),
+                       "sentences_seen": progress.get("sentences")}
+    arguments = _read_json(os.path.join(run_dir, TRAINING_ARGS_FILE))
     if not isinstance(arguments, dict) or not isinstance(results, dict) or "train_files" not in arguments:
         return None
     curve, wall, segment = [], 0.0, 0.0
-    metrics = os.path.join(model_dir, PRETRAINING_METRICS)
+    metrics = os.path.join(run_dir, PRETRAINING_METRICS)
     if os.path.isfile(metrics):
         with open(metrics, encoding="utf-8") as handle:
             for line in handle:
                 record = json.loads(line) if line.strip() else {}
+                if last_step is not None and record.get("step", 0) > last_step:
+                    continue  # logged after the checkpoint
                 if "eval/forward_perplexity" in record:
                     curve.append({"step": record.get("step"), "forward": record["eval/forward_perplexity"],
                                   "backward": record["eval/backward_perplexity"]})
@@ -172,6 +183,8 @@ def read_pretraining(model_dir: str) -> dict | None:
                     segment = record["wall_s"]
     final = ({"forward": results["eval/forward_perplexity"], "backward": results["eval/backward_perplexity"]}
              if "eval/forward_perplexity" in results else None)
+    if last_step is not None and curve and curve[-1]["step"] == last_step:  # evaluated where the checkpoint was saved
+        final = {key: curve[-1][key] for key in ("forward", "backward")}
     dataset = _pretraining_dataset(arguments)
     return {
         # A dataset's run names the dataset, not the text files it was exported to.

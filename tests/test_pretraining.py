@@ -605,6 +605,23 @@ def test_a_checkpoint_is_a_whole_model_folder_and_publishes_without_its_training
     assert sorted(prepared.left_out) == ["optimizer.bin", "rng_state_0.json", "training_state.json"]
     assert "vocab.txt" in prepared.files and not [name for name in prepared.files if "state" in name]
     assert ElmoTokenizer.from_pretrained(tmp_path / "up").word_vocab == words
+    # Its card is the run's record up to step 15, as the final folder's is up to the end.
+    from hf_elmo.publish import read_pretraining
+
+    record = read_pretraining(str(checkpoint))
+    state = json.loads((checkpoint / "training_state.json").read_text())["progress"]
+    evaluations = [r for r in map(json.loads, (trained / "metrics.jsonl").read_text().splitlines())
+                   if "eval/forward_perplexity" in r]
+    assert [point["step"] for point in record["curve"]] == [0, 15] and record["step"] == 15
+    assert record["tokens_seen"] == state["tokens"] > 0 and record["train_files"] == ["train.txt"]
+    at_15 = evaluations[1]
+    assert record["heldout_perplexity"] == {"forward": at_15["eval/forward_perplexity"],
+                                            "backward": at_15["eval/backward_perplexity"]}
+    card = (tmp_path / "up" / "README.md").read_text(encoding="utf-8")
+    assert (f"on `train.txt` for 15 steps, {state['sentences']:,} sentences and {state['tokens']:,} tokens seen"
+            in card)
+    assert (f"Held-out perplexity on `heldout.txt` at step 15: forward {at_15['eval/forward_perplexity']:.2f}, "
+            in card)
 
 
 def test_report_to_defaults_to_what_is_installed(monkeypatch, capsys):
