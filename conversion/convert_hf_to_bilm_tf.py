@@ -35,12 +35,7 @@ def main(argv=None) -> int:
 
 
 def _export(args) -> int:
-    # vocab.txt is copied inside the same atomic write as the weights: the export appears whole or not at all.
-    options, weights = convert_hf_to_bilm_tf(args.model_dir, args.output, overwrite=args.overwrite, with_vocab=True)
-    written = [options, weights]
-    vocab = os.path.join(args.output, "vocab.txt")
-    if os.path.isfile(vocab):
-        written.append(vocab)
+    written = convert_hf_to_bilm_tf(args.model_dir, args.output, overwrite=args.overwrite)
     logging.getLogger("convert_hf_to_bilm_tf").info("Wrote %s", ", ".join(written))
     return 0
 

@@ -90,7 +90,8 @@ def add_convert_arguments(parser) -> None:
                         "training run's folder (checkpoints).")
     parser.add_argument("--to-bilm-tf", metavar="MODEL_DIR", default=None,
                         help="reverse direction: export the hf_elmo model in MODEL_DIR as options.json + "
-                        "weights.hdf5 into --output (then --options/--weights are not used).")
+                        "weights.hdf5, and its vocab.txt if it has one, into --output (then --options/--weights "
+                        "are not used).")
     parser.add_argument("--no-progress", action="store_true", help="do not show a progress bar.")
 
 

@@ -87,32 +87,32 @@ def convert_bilm_tf_to_hf(
     return output_dir
 
 
-def convert_hf_to_bilm_tf(
-    model_dir: str, output_dir: str, overwrite: bool = False, with_vocab: bool = False
-) -> tuple[str, str]:
+def convert_hf_to_bilm_tf(model_dir: str, output_dir: str, overwrite: bool = False) -> list[str]:
     """
-    Export a saved `ElmoModel` (or any ELMo head's biLM) as bilm-tf `options.json` + `weights.hdf5`. With
-    `with_vocab`, a word vocabulary saved in a local `model_dir` (`vocab.txt`, already in bilm-tf's format) is
-    copied along, inside the same atomic write: the export appears whole or not at all.
+    Export a saved `ElmoModel` (or any ELMo head's biLM) as bilm-tf `options.json` + `weights.hdf5`, with the word
+    vocabulary saved in a local `model_dir` (`vocab.txt`, already in bilm-tf's format) when it has one, all in one
+    atomic write: the export appears whole or not at all. Returns the paths written, in that order.
     """
     check_output_dir(output_dir, overwrite, inputs=[model_dir])
     name, extra = resolve_model(model_dir)  # a mistyped folder fails here, without a Hub request
     model = ElmoModel.from_pretrained(name, **extra)
     config: ElmoConfig = model.config
+    written = ["options.json", "weights.hdf5"]
     with atomic_output_dir(output_dir, overwrite=overwrite, inputs=[model_dir]) as staging:
         with open(os.path.join(staging, "options.json"), "w", encoding="utf-8") as f:
             json.dump(bilm_tf.options_from_config(config), f, indent=2)
         bilm_tf.write_weights(os.path.join(staging, "weights.hdf5"), model.state_dict(), config)
         vocab = os.path.join(model_dir, "vocab.txt")
-        if with_vocab and os.path.isfile(vocab):
+        if os.path.isfile(vocab):
             shutil.copyfile(vocab, os.path.join(staging, "vocab.txt"))
-    return os.path.join(output_dir, "options.json"), os.path.join(output_dir, "weights.hdf5")
+            written.append("vocab.txt")
+    return [os.path.join(output_dir, name) for name in written]
 
 
 def run_convert(args, parser) -> int:
     if args.to_bilm_tf:
-        options, weights = convert_hf_to_bilm_tf(args.to_bilm_tf, args.output, overwrite=args.overwrite)
-        logger.info("Wrote %s and %s", options, weights)
+        written = convert_hf_to_bilm_tf(args.to_bilm_tf, args.output, overwrite=args.overwrite)
+        logger.info("Wrote %s", ", ".join(written))
         return 0
     if not args.options or not args.weights:
         parser.error("--options and --weights are required (or --to-bilm-tf MODEL_DIR for the reverse direction)")

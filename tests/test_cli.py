@@ -170,10 +170,14 @@ def test_help_imports_neither_torch_nor_transformers(command):
 def test_convert_command_writes_a_loadable_folder_and_exports_back(elmo_fixture, tmp_path):
     out = tmp_path / "elmo"
     assert main(["convert", "--options", str(elmo_fixture / "options.json"), "--weights",
-                 str(elmo_fixture / "lm_weights.hdf5"), "--output", str(out), "--no-progress"]) == 0
-    assert {"config.json", "model.safetensors", "tokenizer_config.json", "README.md",
-            "bilm_tf_source.json"} <= set(os.listdir(out))
+                 str(elmo_fixture / "lm_weights.hdf5"), "--vocab", str(elmo_fixture / "vocab_test.txt"),
+                 "--output", str(out), "--no-progress"]) == 0
+    assert {"config.json", "model.safetensors", "tokenizer_config.json", "README.md", "bilm_tf_source.json",
+            "vocab.txt"} <= set(os.listdir(out))
     assert main(["convert", "--to-bilm-tf", str(out), "--output", str(tmp_path / "back")]) == 0
+    # The vocabulary goes along, as with conversion/convert_hf_to_bilm_tf.py: the same function.
+    assert sorted(os.listdir(tmp_path / "back")) == ["options.json", "vocab.txt", "weights.hdf5"]
+    assert (tmp_path / "back" / "vocab.txt").read_bytes() == (out / "vocab.txt").read_bytes()
     with h5py.File(elmo_fixture / "lm_weights.hdf5") as original, h5py.File(tmp_path / "back" / "weights.hdf5") as back:
         assert np.array_equal(original["CNN_high_1/W_carry"][...], back["CNN_high_1/W_carry"][...])
 

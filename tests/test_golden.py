@@ -183,7 +183,7 @@ def test_multilingual_weight_files_convert_and_load(fixtures_root, language, tmp
     for layer, (a, b) in enumerate(zip(loaded_out.hidden_states, direct_out.hidden_states)):
         assert_same_computation(a, b, f"layer {layer}")
     # And back to bilm-tf's layout, bit for bit.
-    options, weights = convert_hf_to_bilm_tf(str(folder), str(tmp_path / "back"))
+    options, weights = convert_hf_to_bilm_tf(str(folder), str(tmp_path / "back"))  # (and no vocab.txt to copy)
     with h5py.File(source / "weights.hdf5", "r") as original, h5py.File(weights, "r") as exported:
         names = []
         original.visititems(lambda name, node: names.append(name) if hasattr(node, "shape") else None)
