@@ -77,8 +77,10 @@ def output_dir_lock(output_dir: str):
 
 def check_inputs_outside(args) -> None:
     """No output path may be an input: every input file or folder stays outside --output-dir (which is not the
-    current folder either). Called before anything is written."""
-    from .safe_output import check_not_an_input
+    current folder either, nor a file). Called before anything is written."""
+    from .safe_output import check_folder_or_absent, check_not_an_input
+
+    check_folder_or_absent(args.output_dir, "--output-dir")
 
     inputs = [path for pattern in args.train_files or [] for path in (glob.glob(pattern) or [pattern])]
     local_dataset = args.dataset_name if args.dataset_name and os.path.isdir(args.dataset_name) else None

@@ -163,6 +163,12 @@ class OutputInUse(FileExistsError):
     """Another run holds the output's lock."""
 
 
+def check_folder_or_absent(folder: str, option: str) -> None:
+    """One line for an output folder that is a file (`os.makedirs` would say only "File exists")."""
+    if os.path.lexists(folder) and not os.path.isdir(folder):
+        raise OutputError(f"{folder}: exists and is not a folder; remove it or choose another {option}.")
+
+
 class OutputLock:
     """
     The exclusive lock (`fcntl.flock`) a run holds on its output for its lifetime, so that two runs never write one
@@ -179,7 +185,9 @@ class OutputLock:
             import fcntl
         except ImportError:
             return
-        os.makedirs(os.path.dirname(lock_file) or ".", exist_ok=True)
+        folder = os.path.dirname(lock_file) or "."
+        check_folder_or_absent(folder, option)
+        os.makedirs(folder, exist_ok=True)
         handle = open(lock_file, "a+", encoding="utf-8")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

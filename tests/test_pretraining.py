@@ -1436,6 +1436,12 @@ def test_pretrain_writes_only_into_folders_of_its_own(corpus, tmp_path, capsys):
                                          "Choose a new or empty --output-dir. To train on from the model it holds, "
                                          "pass it as --init-from.")
         assert snapshot(model) == model_files and os.listdir(model / "checkpoint-500") == []
+    # A file where the folder would be: one line, and the file as it was.
+    (tmp_path / "a-file").write_text("mine\n")
+    code, message = run(tmp_path / "a-file")
+    assert code == 1 and message == f"{tmp_path / 'a-file'}: exists and is not a folder; remove it or choose another " \
+                                    "--output-dir."
+    assert (tmp_path / "a-file").read_text() == "mine\n"
     # An input inside the output folder (here the corpus, which --build-vocab would overwrite as vocab.txt).
     code = pretrain_main(["--train-files", str(users / "vocab.txt"), "--config", str(corpus / "tiny.json"),
                           "--output-dir", str(users), "--build-vocab", "--max-steps", "1"])
