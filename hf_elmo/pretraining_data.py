@@ -58,10 +58,9 @@ def resolve_shards(
         if not os.path.isfile(path):
             raise CorpusError(f"{what}: {path} is not a file.")
         if not _has_words(path, split_words):
-            raise CorpusError(
-                f"{what}: {path} is empty (no non-blank line). Every shard must hold sentences, one per line; "
-                "remove the file or fix the pattern."
-            )
+            advice = ("Every shard must hold sentences, one per line; remove the file or fix the pattern."
+                      if what == "--train-files" else "Expected sentences, one per line.")
+            raise CorpusError(f"{what}: {path} is empty (no non-blank line). {advice}")
     return files
 
 

@@ -737,6 +737,11 @@ def test_run_errors_and_empty_lines(corpus, tmp_path, caplog, capsys):
     assert pretrain_main(["--train-files", str(tmp_path / "empty.txt"), "--build-vocab",
                           "--output-dir", str(tmp_path / "c"), *args]) == 1
     assert "empty.txt is empty (no non-blank line)" in error_lines(capsys)[0]
+    # As held-out text: no advice about shards and patterns, which --eval-file does not have.
+    assert pretrain_main(["--train-files", str(corpus / "train.txt"), "--build-vocab", "--eval-file",
+                          str(tmp_path / "empty.txt"), "--output-dir", str(tmp_path / "c"), *args]) == 1
+    assert error_lines(capsys) == [f"--eval-file: {tmp_path / 'empty.txt'} is empty (no non-blank line). Expected "
+                                   "sentences, one per line."]
     assert pretrain_main(["--train-files", str(corpus / "train.txt"), "--build-vocab", "--init-from",
                           str(tmp_path / "nope"), "--output-dir", str(tmp_path / "c"), *args[2:]]) == 1
     assert error_lines(capsys) == [f"--init-from: {tmp_path / 'nope'} is not a saved model folder (no "
