@@ -1415,32 +1415,29 @@ def test_pretrain_writes_only_into_folders_of_its_own(corpus, tmp_path, capsys):
     def snapshot(folder) -> dict:
         return {p.name: (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns) for p in folder.iterdir()}
 
-    # A folder of the user's: refused with or without --resume, every file as it was.
-    users = tmp_path / "users"
-    users.mkdir()
-    for name, text in (("vocab.txt", "mine\n"), ("modeling_elmo.py", "# mine\n"), ("metrics.jsonl", "{}\n")):
-        (users / name).write_text(text)
-    before = snapshot(users)
-    for extra in ((), ("--resume",)):
-        code, message = run(users, *extra)
-        assert code == 1 and message == (f"{users} is not empty and holds no hf-elmo pretrain run (metrics.jsonl, "
-                                         "modeling_elmo.py, vocab.txt); nothing was touched. Choose a new or empty "
-                                         "--output-dir.")
-        assert snapshot(users) == before
-    # A model folder, or another trainer's output with its checkpoint-N, is not a run of ours either: --resume
-    # "into" it would have started at step 0 and written a new model over the user's.
-    model = tmp_path / "model"
+    # A folder of the user's: refused with or without --resume, every file as it was. A model folder, or another
+    # trainer's output with its checkpoint-N, is not a run of ours either: --resume "into" it would have started at
+    # step 0 and written a new model over the user's.
+    users, model = tmp_path / "users", tmp_path / "model"
     (model / "checkpoint-500").mkdir(parents=True)
-    for name, text in (("config.json", "{}\n"), ("model.safetensors", "weights"), ("training_args.bin", "x")):
-        (model / name).write_text(text)
-    model_files = snapshot(model)
-    for extra in ((), ("--resume",)):
-        code, message = run(model, *extra)
-        assert code == 1 and message == (f"{model} is not empty and holds no hf-elmo pretrain run (checkpoint-500, "
-                                         "config.json, model.safetensors, training_args.bin); nothing was touched. "
-                                         "Choose a new or empty --output-dir. To train on from the model it holds, "
-                                         "pass it as --init-from.")
-        assert snapshot(model) == model_files and os.listdir(model / "checkpoint-500") == []
+    for folder, files, listed, hint in (
+        (users, {"vocab.txt": "mine\n", "modeling_elmo.py": "# mine\n", "metrics.jsonl": "{}\n"},
+         "metrics.jsonl, modeling_elmo.py, vocab.txt", ""),
+        (model, {"config.json": "{}\n", "model.safetensors": "weights", "training_args.bin": "x"},
+         "checkpoint-500, config.json, model.safetensors, training_args.bin",
+         " To train on from the model it holds, pass it as --init-from."),
+    ):
+        folder.mkdir(exist_ok=True)
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        before = snapshot(folder)
+        for extra in ((), ("--resume",)):
+            code, message = run(folder, *extra)
+            assert code == 1 and message == (f"{folder} is not empty and holds no hf-elmo pretrain run ({listed}); "
+                                             f"nothing was touched. Choose a new or empty --output-dir.{hint}")
+            assert snapshot(folder) == before
+    assert os.listdir(model / "checkpoint-500") == []
+    before = snapshot(users)
     # A file where the folder would be: one line, and the file as it was.
     (tmp_path / "a-file").write_text("mine\n")
     code, message = run(tmp_path / "a-file")
