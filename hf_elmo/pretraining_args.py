@@ -23,9 +23,10 @@ layer, the gradient of the mean loss x 20 (bilm-tf's unroll_steps), clipped to a
 
 OUTPUT_DIR ends up holding the final model (`AutoModel.from_pretrained(OUTPUT_DIR)` gives the biLM,
 `AutoModelForPreTraining` the biLM with its softmax), the tokenizer with the vocabulary (vocab.txt, bilm-tf's
-format), `checkpoint-STEP/` folders (`--resume` continues from the latest one exactly as if never stopped), every
-metric in metrics.jsonl (and TensorBoard logs under logs/ when TensorBoard is installed), training_args.json and
-eval_results.json. Export the biLM for bilm-tf with conversion/convert_hf_to_bilm_tf.py.
+format), `checkpoint-STEP/` folders (each a model folder too; `--resume` continues from the latest one exactly as
+if never stopped), every metric in metrics.jsonl (and TensorBoard logs under logs/ when TensorBoard is installed),
+training_args.json and eval_results.json. Export the biLM and its vocabulary for bilm-tf with `hf-elmo convert
+--to-bilm-tf OUTPUT_DIR --output DIR`.
 """
 
 import argparse
