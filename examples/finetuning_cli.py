@@ -37,11 +37,13 @@ from hf_elmo.finetuning import (
 )
 from hf_elmo.option_checks import config_error_as_option, number_error
 from hf_elmo.publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, SOURCE_FILE, folder_model_card
+from hf_elmo.pretraining_checkpoints import TRAINING_ARGS_FILE
 from hf_elmo.safe_output import (
     OutputError,
     OutputLock,
     atomic_files_into,
     atomic_output_dir,
+    check_folder_or_absent,
     check_not_an_input,
     no_room_reported,
     sibling_lock_file,
@@ -529,19 +531,25 @@ class OutputFolder:
       created it and no checkpoint was completed. A failure leaves the complete checkpoints, which the next run
       resumes from, or nothing;
     - with `--overwrite_output_dir` the run works in a hidden folder beside it, which replaces the old one only at
-      the end: a failed run leaves the old folder as it was.
+      the end: a failed run leaves the old folder as it was. A pretraining run's folder is never replaced.
     """
 
     def __init__(self, output_dir: str, overwrite: bool, inputs: list[str], record: dict, main_process: bool = True):
         self.path = os.path.abspath(output_dir)
         self.inputs = [os.path.abspath(p) for p in inputs if p and os.path.exists(p)]
         check_not_an_input(self.path, self.inputs)
-        if os.path.lexists(self.path) and not os.path.isdir(self.path):
-            raise OutputError(f"{self.path}: exists and is not a folder; remove it or choose another --output_dir.")
+        check_folder_or_absent(self.path, "--output_dir")
         self.lock = OutputLock(self.path, sibling_lock_file(self.path), "fine-tuning", "--output_dir") \
             if main_process else None
         try:
             names = os.listdir(self.path) if os.path.isdir(self.path) else []
+            if overwrite and TRAINING_ARGS_FILE in names:
+                # An ELMo model folder, so hf-elmo's rules would let it go, with every pretraining checkpoint in it.
+                raise OutputError(
+                    f"{self.path}: holds an hf-elmo pretrain run ({TRAINING_ARGS_FILE}); --overwrite_output_dir "
+                    "replaces a fine-tuning run's folder, never a pretraining run. Choose another --output_dir "
+                    "(and pass the pretrained model as --model_name_or_path)."
+                )
             self.replaces = bool(names) and overwrite
             self.resume_from = checkpoint_to_resume(self.path, record) if names and not overwrite else None
             if names and not overwrite and not _checkpoints(self.path):

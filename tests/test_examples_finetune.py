@@ -248,6 +248,17 @@ def test_token_example_output_folder_rules(token_example, converted_dir, fixture
     with pytest.raises(OSError, match="--overwrite_output_dir only replaces a folder hf_elmo wrote"):
         _ner(token_example, converted_dir, fixtures_root, other, "--overwrite_output_dir")
     assert os.listdir(other) == ["todo.txt"]
+    # Nor an hf-elmo pretrain run: an ELMo model folder too, beside its checkpoints.
+    pretrained = tmp_path / "elmo-news"
+    shutil.copytree(converted_dir, pretrained)
+    (pretrained / "training_args.json").write_text("{}")
+    with pytest.raises(OSError) as refused:
+        _ner(token_example, converted_dir, fixtures_root, pretrained, "--overwrite_output_dir")
+    assert str(refused.value) == (f"{pretrained}: holds an hf-elmo pretrain run (training_args.json); "
+                                  "--overwrite_output_dir replaces a fine-tuning run's folder, never a pretraining "
+                                  "run. Choose another --output_dir (and pass the pretrained model as "
+                                  "--model_name_or_path).")
+    assert sorted(os.listdir(pretrained)) == sorted(os.listdir(converted_dir) + ["training_args.json"])
 
     # --overwrite_output_dir starts over and replaces the folder as a whole at the end; a run that fails (here the
     # Trainer, on a checkpoint of this run whose trainer_state.json is damaged) leaves the old one as it was.
