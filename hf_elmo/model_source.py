@@ -46,6 +46,8 @@ def resolve_model(name: str, what: str = "model") -> tuple[str, dict]:
     missing local folder, an unknown repository, or a Hub that does not answer when the model is not cached.
     """
     if os.path.isdir(name):
+        if not os.path.isfile(os.path.join(name, "config.json")):
+            raise ModelSourceError(not_a_model_folder(name))
         return name, {}
     if not looks_like_repo_id(name):
         if os.path.exists(name):
@@ -74,6 +76,21 @@ def resolve_model(name: str, what: str = "model") -> tuple[str, dict]:
             "connection, or allow more time with HF_HUB_ETAG_TIMEOUT / HF_HUB_DOWNLOAD_TIMEOUT (seconds)."
         ) from None
     return name, {}
+
+
+def not_a_model_folder(folder: str) -> str:
+    """
+    The line for a local folder without config.json, as every command that loads a model says it. An hf-elmo
+    pretrain run that has not finished has no final model yet, but each of its checkpoints is one: the latest is
+    named.
+    """
+    from .pretraining_checkpoints import TRAINING_ARGS_FILE, latest_checkpoint
+
+    checkpoint = latest_checkpoint(folder)
+    if checkpoint and os.path.isfile(os.path.join(folder, TRAINING_ARGS_FILE)):
+        return (f"{folder}: an hf-elmo pretrain run that has not finished (no final model yet); use one of its "
+                f"checkpoints instead, e.g. {checkpoint}.")
+    return f"{folder}: no config.json; expected a model folder written by hf-elmo convert or save_pretrained."
 
 
 def _is_no_answer(error: BaseException) -> bool:

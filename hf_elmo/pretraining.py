@@ -267,7 +267,9 @@ def load_encoder(args):
     encoder = None
     if args.init_from:
         if not os.path.isfile(os.path.join(args.init_from, "config.json")):
-            raise FileNotFoundError(f"--init-from: {args.init_from} is not a saved model folder (no config.json).")
+            from .model_source import not_a_model_folder
+
+            raise FileNotFoundError(f"--init-from: {not_a_model_folder(args.init_from)}")
         encoder = ElmoModel.from_pretrained(args.init_from)
         base = encoder.config.to_dict()
     else:

@@ -30,9 +30,9 @@ from huggingface_hub.utils import validate_repo_id
 from . import modeling_elmo
 from .configuration_elmo import ElmoConfig
 from .model_card import RECIPE_ARGUMENTS, elmo_model_card, plot_perplexity_curve
+from .model_source import not_a_model_folder
 from .pretraining_checkpoints import (
     CHECKPOINT_PATTERN,
-    latest_checkpoint,
     METRICS_FILE as PRETRAINING_METRICS,
     RNG_STATE_FILE,
     TRAINING_ARGS_FILE,
@@ -89,13 +89,7 @@ def check_repo_id(repo_id: str) -> None:
 def _load(model_dir: str):
     config_file = os.path.join(model_dir, "config.json")
     if not os.path.isfile(config_file):
-        checkpoint = latest_checkpoint(model_dir)
-        if os.path.isfile(os.path.join(model_dir, TRAINING_ARGS_FILE)) and checkpoint:
-            raise PublishError(f"{model_dir}: an hf-elmo pretrain run that has not finished (no final model yet); "
-                               f"publish one of its checkpoints, e.g. {checkpoint}.")
-        raise PublishError(
-            f"{model_dir}: no config.json; expected a folder written by save_pretrained or hf-elmo convert."
-        )
+        raise PublishError(not_a_model_folder(model_dir))
     try:
         with open(config_file, encoding="utf-8") as f:
             content = json.load(f)

@@ -196,7 +196,7 @@ def test_publish_a_head_with_a_hand_written_card(converted_dir, hub, tmp_path):
 
 
 def test_publish_errors(converted_dir, tmp_path, monkeypatch, hub):
-    with pytest.raises(PublishError, match="no config.json; expected a folder written by save_pretrained"):
+    with pytest.raises(PublishError, match="no config.json; expected a model folder written by hf-elmo convert or "):
         publish(str(tmp_path), "someone/x")
     # A pretraining run still going (or stopped before its end) has no final model: its checkpoints are models.
     run = tmp_path / "elmo-news"
@@ -206,7 +206,7 @@ def test_publish_errors(converted_dir, tmp_path, monkeypatch, hub):
     with pytest.raises(PublishError) as refused:
         publish(str(run), "someone/x")
     assert str(refused.value) == (f"{run}: an hf-elmo pretrain run that has not finished (no final model yet); "
-                                  f"publish one of its checkpoints, e.g. {run / 'checkpoint-2000'}.")
+                                  f"use one of its checkpoints instead, e.g. {run / 'checkpoint-2000'}.")
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     monkeypatch.delenv("HF_TOKEN")
     with pytest.raises(PublishError, match="Not logged in to the Hugging Face Hub: run `hf auth login` or set HF_TO"):

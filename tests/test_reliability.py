@@ -518,6 +518,28 @@ def test_a_mistyped_local_folder_fails_at_once_without_a_hub_request(silent_hub,
     assert silent_hub.connections == []
 
 
+def test_a_folder_without_a_model_is_one_line_naming_what_to_load_instead(converted_dir, tmp_path, capsys):
+    # Transformers would say "no file named model.safetensors"; a pretraining run that has not finished has its
+    # checkpoints, which are model folders.
+    (tmp_path / "in.txt").write_text("a b\n")
+    run = tmp_path / "elmo-news"
+    shutil.copytree(converted_dir, run / "checkpoint-500")
+    (run / "training_args.json").write_text("{}")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for folder, message in (
+        (empty, f"{empty}: no config.json; expected a model folder written by hf-elmo convert or save_pretrained."),
+        (run, f"{run}: an hf-elmo pretrain run that has not finished (no final model yet); use one of its "
+              f"checkpoints instead, e.g. {run / 'checkpoint-500'}."),
+    ):
+        for command in (["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.hdf5"), "--model", str(folder)],
+                        ["convert", "--to-bilm-tf", str(folder), "--output", str(tmp_path / "back")],
+                        ["publish", str(folder), "--repo-id", "someone/elmo", "--dry-run"]):
+            assert main(command) == 1
+            assert error_line(capsys) == f"error: {message}", command
+    assert sorted(os.listdir(tmp_path)) == ["elmo-news", "empty", "in.txt"]
+
+
 @pytest.mark.parametrize(
     "name, is_repo",
     [("allenai/elmo", True), ("nope", False), ("./x/y", False), ("/abs/elmo", False), ("~/elmo", False),
