@@ -12,6 +12,7 @@ import pytest
 from hf_elmo import ElmoConfig
 from hf_elmo.bilm_tf import BilmTfFormatError, config_from_options, read_options
 from hf_elmo.convert import convert_bilm_tf_to_hf
+from help_imports import help_and_heavy_imports
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,22 +170,11 @@ def test_model_card_records_source_checksums(converted_dir, elmo_fixture):
     assert source["weights"] == {"file": "lm_weights.hdf5", "sha256": digest}
 
 
-HELP_IMPORTS = """
-import json, runpy, sys
-sys.argv = [sys.argv[1], "--help"]
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-except SystemExit:
-    pass
-print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] in ("torch", "transformers"))))
-"""
-
-
 def test_conversion_script_cli(elmo_fixture, tmp_path):
     script = os.path.join(REPO_ROOT, "conversion", "convert_bilm_tf_to_hf.py")
-    help_run = subprocess.run([sys.executable, "-c", HELP_IMPORTS, script], capture_output=True, text=True)
-    assert "--options" in help_run.stdout and "--to-bilm-tf" in help_run.stdout, help_run.stderr
-    assert json.loads(help_run.stdout.strip().splitlines()[-1]) == []  # neither torch nor Transformers for --help
+    help_text, imported = help_and_heavy_imports(script)
+    assert "--options" in help_text and "--to-bilm-tf" in help_text, help_text
+    assert imported == []  # neither torch nor Transformers for --help
     result = subprocess.run(
         [sys.executable, script, "--options", str(elmo_fixture / "options.json"), "--weights",
          str(tmp_path / "missing.hdf5"), "--output", str(tmp_path / "out")],
