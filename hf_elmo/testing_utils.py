@@ -197,11 +197,15 @@ def launch_failure_report(log: str) -> str:
     """
     A failed `accelerate launch`'s log (stdout and stderr together), for a test's assertion: its end, and first the
     crash of a worker that died of a signal (faulthandler's "Fatal Python error" and its stacks, printed where the
-    workers run with PYTHONFAULTHANDLER=1), which the other workers' tracebacks push out of the end.
+    workers run with PYTHONFAULTHANDLER=1), which the other workers' tracebacks push out of the end. The crash comes
+    with the lines before it: what aborted the process (glibc's or the C++ runtime's message, a torch error) is
+    printed there, not in the stacks.
     """
     crash = log.find("Fatal Python error")
-    head = f"{log[crash : crash + 6000]}\n...\n" if 0 <= crash < len(log) - 6000 else ""
-    return head + log[-6000:]
+    if not 0 <= crash < len(log) - 6000:
+        return log[-6000:]
+    start = log.rfind("\n", 0, max(0, crash - 3000)) + 1
+    return f"{log[start : crash + 6000]}\n...\n{log[-6000:]}"
 
 
 def assert_same_computation(actual: torch.Tensor, expected: torch.Tensor, what: str = "outputs") -> None:

@@ -992,9 +992,14 @@ def _launch(corpus, vocab, output, *extra):
 
 def test_a_failed_launch_report_shows_the_crashed_worker_before_the_end_of_the_log():
     crash = "Fatal Python error: Aborted\n\nThread 0x7f (most recent call first):\n  File \"train.py\", line 9\n"
-    log = "loading\n" + crash + "rank 0: Traceback (most recent call last): ...\n" * 200
+    # What aborted the process is printed just before faulthandler's stacks; the lines before it are context.
+    cause = "step 4: loss 6.1\n" * 400 + "free(): corrupted unsorted chunks\n"
+    log = cause + crash + "rank 0: Traceback (most recent call last): ...\n" * 200
     report = launch_failure_report(log)
-    assert report.startswith(crash) and report.endswith(log[-6000:]) and "\n...\n" in report
+    head, tail = report.split("\n...\n")
+    before, after = head.split(crash)
+    assert before.endswith("loss 6.1\nfree(): corrupted unsorted chunks\n") and before.startswith("step 4: loss 6.1\n")
+    assert 3000 <= len(before) <= 3100 and after.startswith("rank 0: Traceback") and tail == log[-6000:]
     assert launch_failure_report("a short log") == "a short log"  # nothing pushed out: the log as it is
 
 
