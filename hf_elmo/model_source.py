@@ -46,8 +46,8 @@ def resolve_model(name: str, what: str = "model") -> tuple[str, dict]:
     missing local folder, an unknown repository, or a Hub that does not answer when the model is not cached.
     """
     if os.path.isdir(name):
-        if not os.path.isfile(os.path.join(name, "config.json")):
-            raise ModelSourceError(not_a_model_folder(name))
+        if problem := model_folder_problem(name):
+            raise ModelSourceError(problem)
         return name, {}
     if not looks_like_repo_id(name):
         if os.path.exists(name):
@@ -78,12 +78,14 @@ def resolve_model(name: str, what: str = "model") -> tuple[str, dict]:
     return name, {}
 
 
-def not_a_model_folder(folder: str) -> str:
+def model_folder_problem(folder: str) -> str | None:
     """
-    The line for a local folder without config.json, as every command that loads a model says it. An hf-elmo
-    pretrain run that has not finished has no final model yet, but each of its checkpoints is one: the latest is
-    named.
+    None where the local `folder` holds a model (its config.json), else the line every command that loads one says.
+    An hf-elmo pretrain run that has not finished has no final model yet, but each of its checkpoints is one: the
+    latest is named.
     """
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return None
     from .pretraining_checkpoints import TRAINING_ARGS_FILE, latest_checkpoint
 
     checkpoint = latest_checkpoint(folder)

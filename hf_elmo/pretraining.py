@@ -266,10 +266,10 @@ def load_encoder(args):
 
     encoder = None
     if args.init_from:
-        if not os.path.isfile(os.path.join(args.init_from, "config.json")):
-            from .model_source import not_a_model_folder
+        from .model_source import model_folder_problem
 
-            raise FileNotFoundError(f"--init-from: {not_a_model_folder(args.init_from)}")
+        if problem := model_folder_problem(args.init_from):
+            raise FileNotFoundError(f"--init-from: {problem}")
         encoder = ElmoModel.from_pretrained(args.init_from)
         base = encoder.config.to_dict()
     else:

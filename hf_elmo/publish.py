@@ -30,7 +30,7 @@ from huggingface_hub.utils import validate_repo_id
 from . import modeling_elmo
 from .configuration_elmo import ElmoConfig
 from .model_card import RECIPE_ARGUMENTS, elmo_model_card, plot_perplexity_curve
-from .model_source import not_a_model_folder
+from .model_source import model_folder_problem
 from .pretraining_checkpoints import (
     CHECKPOINT_PATTERN,
     METRICS_FILE as PRETRAINING_METRICS,
@@ -88,8 +88,8 @@ def check_repo_id(repo_id: str) -> None:
 
 def _load(model_dir: str):
     config_file = os.path.join(model_dir, "config.json")
-    if not os.path.isfile(config_file):
-        raise PublishError(not_a_model_folder(model_dir))
+    if problem := model_folder_problem(model_dir):
+        raise PublishError(problem)
     try:
         with open(config_file, encoding="utf-8") as f:
             content = json.load(f)
