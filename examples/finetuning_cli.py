@@ -36,8 +36,8 @@ from hf_elmo.finetuning import (
     plot_layer_weights,
 )
 from hf_elmo.option_checks import config_error_as_option, number_error
-from hf_elmo.publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, SOURCE_FILE, folder_model_card
 from hf_elmo.pretraining_checkpoints import TRAINING_ARGS_FILE
+from hf_elmo.publish import LAYER_WEIGHTS_PLOT, METRICS_FILE, SOURCE_FILE, folder_model_card
 from hf_elmo.safe_output import (
     OutputError,
     OutputLock,

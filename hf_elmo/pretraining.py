@@ -756,7 +756,7 @@ class PretrainingRun:
         evaluating = bool(args.eval_file)
         if evaluating and progress.step == 0:
             scores = self.evaluate()
-        if progress.step >= args.max_steps:
+        if progress.step >= args.max_steps and self.main_process:  # (said once, not by every process)
             logger.warning("The run is already at step %d and --max-steps is %d: nothing is left to train, and the "
                            "final model is saved again. A larger --max-steps extends the run", progress.step,
                            args.max_steps)
