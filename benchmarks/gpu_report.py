@@ -39,7 +39,8 @@ minute after it is stopped:
   time.
 - `pretraining`: `bench_pretrain.py` (hf-elmo pretrain's own step: on a GPU the recorded step), bf16, 128
   sentences: small at the text's vocabulary, original at 793,471 words (bilm-tf's 1B Word softmax) and at the
-  text's, with peak memory. Each benchmark run's line carries its own `wall_s`.
+  text's, with peak memory, and two more steps profiled: the top kernels by GPU time, kernels per step and the GPU's
+  busy fraction in the step a pretraining run takes (bf16). Each benchmark run's line carries its own `wall_s`.
 - `data_parallel`: with N > 1 GPUs, `bench_pretrain.py` (small, bf16, 128 sentences a process) in one process and
   under `accelerate launch --multi_gpu --num_processes N`: tokens/s per GPU for each, and their ratio; with one GPU
   (or `--smoke`) it records that it skipped and why.
@@ -512,14 +513,15 @@ def pretraining(setting: Setting) -> dict:
     text = ["--text", setting.text] if setting.text else []
     if setting.smoke:
         common = ["--device", "cpu", "--batch-size", "4", "--steps", "1", "--warmup-steps", "1", "--profile-steps",
-                  "1", "--num-workers", "0", "--pipeline-epochs", "1", "--mixed-precision", "no", *text]
+                  "1", "--top-ops", "3", "--num-workers", "0", "--pipeline-epochs", "1", "--mixed-precision", "no",
+                  *text]
         runs = [["--config", "small", *common], ["--config", "small", "--vocab-size", "40000", *common]]
     else:
         # 10 timed steps: the H200 run's four pretraining runs at 20 did not end inside the budget. Lines cut at 24
         # words: the captured step then meets 3 lengths, each compiled once, in the warm-up (a step that compiles
         # is counted apart from the timed figure anyway).
         common = ["--device", "cuda", "--batch-size", "128", "--steps", "10", "--warmup-steps", "6",
-                  "--profile-steps", "2", "--pipeline-epochs", "1", "--mixed-precision", "bf16",
+                  "--profile-steps", "2", "--top-ops", "12", "--pipeline-epochs", "1", "--mixed-precision", "bf16",
                   "--max-sentence-words", "24", *text]
         # The two targets first (small at the text's vocabulary, original at bilm-tf's), then original at
         # the text's, which tells the softmax's share. Small at bilm-tf's vocabulary is left out: about 40 s of a
@@ -529,7 +531,8 @@ def pretraining(setting: Setting) -> dict:
                                                                  (["--config", "original"], big),
                                                                  (["--config", "original"], []))]
     keep = ("config", "vocab_size", "training_step", "softmax_gradient", "tokens_per_s", "steps_that_compiled",
-            "compile_s", "graphs", "peak_memory_mib", "split_s_per_step", "error", "args", "wall_s")
+            "compile_s", "graphs", "peak_memory_mib", "split_s_per_step", "kernels_per_step", "gpu_busy_fraction",
+            "top_ops_per_step", "error", "args", "wall_s")
     lines = benchmark_lines("bench_pretrain.py", runs, setting.deadline)
     return {"runs": [{k: v for k, v in line.items() if k in keep} for line in lines]}
 
