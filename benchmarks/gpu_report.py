@@ -363,8 +363,9 @@ def training_step_figures(setting: Setting, backend: str | None) -> dict:
         eager_grads = [p.grad.clone() for p in eager.parameters()]
         clip_gradient_norm(eager.parameters(), 10.0)
         optimizer.step()
+        largest = max(tuple(batch["input_ids"].shape[:2]) for batch in batches)
         step = CapturedTrainingStep(model, torch.optim.Adagrad(model.parameters(), lr=0.2, initial_accumulator_value=1.0),
-                                    loss_scale=20.0, max_grad_norm=10.0, backend=backend)
+                                    loss_scale=20.0, max_grad_norm=10.0, largest_batch=largest, backend=backend)
         torch._dynamo.utils.counters.clear()
         torch.manual_seed(1)
         began = time.perf_counter()

@@ -1329,7 +1329,13 @@ class ElmoSoftmax(nn.Embedding):
     `IndexedSlices`), instead of every row of a vocabulary that can be 793k x 512. With Adagrad and no weight decay
     a row whose gradient is zero does not change, so the weights are those of the dense update. It is an
     `nn.Embedding` because that is the module DDP knows to expect sparse gradients from.
+
+    The captured training step (`hf_elmo.captured_step`), whose gradients must be dense, sets `rows_read`: a
+    `(vocab_size,)` fp32 tensor in which `rows` marks (1.0) the rows it gathers while autograd records, so that the
+    step's update passes over those rows alone (its fixed-shape form of the same sparse update).
     """
+
+    rows_read: torch.Tensor | None = None
 
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__(vocab_size, hidden_size)
@@ -1340,6 +1346,8 @@ class ElmoSoftmax(nn.Embedding):
 
     def rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The weight rows `(len(ids), hidden_size)` and biases `(len(ids),)` of words `ids`."""
+        if self.rows_read is not None and torch.is_grad_enabled():
+            self.rows_read.index_fill_(0, ids, 1.0)
         if self.sparse:
             require_hf_elmo("sparse softmax gradients", sampled_softmax)
             return sampled_softmax.rows_with_sparse_gradient(self.weight, self.bias, ids)
@@ -1412,8 +1420,20 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         self.elmo.set_input_embeddings(value)
 
     @property
+    def trains_with_sampled_softmax(self) -> bool:
+        return 0 < self.config.num_softmax_samples < self.config.vocab_size
+
+    @property
     def uses_sampled_softmax(self) -> bool:
-        return self.training and 0 < self.config.num_softmax_samples < self.config.vocab_size
+        return self.training and self.trains_with_sampled_softmax
+
+    def softmax_rows_read(self, rows: int, words: int) -> int:
+        """The most softmax rows a training batch of `rows` x `words` words reads: every scored position's target
+        (`words` + 2 positions a row, both directions: `forward`) and the sampled negatives; with the full softmax,
+        every row."""
+        if not self.trains_with_sampled_softmax:
+            return self.config.vocab_size
+        return min(self.config.vocab_size, 2 * rows * (words + 2) + self.config.num_softmax_samples)
 
     def lm_targets(self, labels: torch.Tensor, word_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """

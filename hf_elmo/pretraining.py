@@ -458,7 +458,7 @@ class PretrainingRun:
         )
         model = build_model(args, base, encoder, self.tokenizer)
         del encoder
-        sampled = 0 < model.config.num_softmax_samples < model.config.vocab_size
+        sampled = model.trains_with_sampled_softmax
         self.captured = use_captured_step(args, accelerator.device, accelerator.mixed_precision)
         # Before the model is wrapped: DDP reads it to know which gradients come sparse. The captured step's
         # gradients are dense (a sparse tensor's shape depends on the data).
@@ -517,9 +517,13 @@ class PretrainingRun:
         from .captured_step import CapturedTrainingStep
 
         args, accelerator = self.args, self.accelerator
+        # Sentences are cut at --max-sentence-words, and a batch's words padded to a multiple of the encoder's.
+        multiple = self.batch_encoder.pad_to_multiple_of
+        longest = -(-args.max_sentence_words // multiple) * multiple
         step = CapturedTrainingStep(
             accelerator.unwrap_model(self.model), self.optimizer.optimizer, loss_scale=args.loss_scale,
-            max_grad_norm=args.max_grad_norm, accumulation_steps=args.gradient_accumulation_steps,
+            max_grad_norm=args.max_grad_norm, largest_batch=(args.batch_size, longest),
+            accumulation_steps=args.gradient_accumulation_steps,
             world_size=accelerator.num_processes,
             autocast_dtype=torch.bfloat16 if accelerator.mixed_precision == "bf16" else None,
             backend=None if args.compile_backend == "none" else args.compile_backend,
@@ -531,7 +535,8 @@ class PretrainingRun:
             how = (f"two graphs compiled by torch.compile, backend {args.compile_backend}"
                    + (", replayed as CUDA graphs" if on_gpu else ""))
         logger.info("Training step: captured (%s; batches of %d rows, lengths padded to a multiple of %d words; dense "
-                    "softmax gradient)", how, args.batch_size, self.batch_encoder.pad_to_multiple_of)
+                    "softmax gradient, updated over %d rows a step)", how, args.batch_size,
+                    self.batch_encoder.pad_to_multiple_of, step.rows_per_update)
         return step
 
     def _eval_batches(self) -> list[dict]:

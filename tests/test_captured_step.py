@@ -29,8 +29,13 @@ pytestmark = pytest.mark.usefixtures("fresh_accelerate_state")  # conftest.py
 
 
 def captured(model, **options) -> CapturedTrainingStep:
-    return CapturedTrainingStep(model, adagrad(model), loss_scale=20.0, max_grad_norm=10.0, backend="aot_eager",
-                                **options)
+    """The tests' batches: 5 rows, up to 16 words."""
+    return CapturedTrainingStep(model, adagrad(model), loss_scale=20.0, max_grad_norm=10.0, largest_batch=(5, 16),
+                                backend="aot_eager", **options)
+
+
+def optimizer_sums(step) -> list[torch.Tensor]:
+    return [step.optimizer.state[p]["sum"] for p in step.params]
 
 
 def eager_step(model, optimizer, batch):
@@ -88,7 +93,7 @@ def test_one_captured_step_is_one_eager_step_and_compiles_whole():
     assert max(float((p - q).detach().abs().max()) for p, q in zip(captured_model.parameters(),
                                                                     eager.parameters())) < 1e-6
     sums = [eager_optimizer.state[p]["sum"] for p in eager.parameters()]
-    assert max(relative_difference(c, e) for c, e in zip(step.state_sums, sums)) < 1e-5
+    assert max(relative_difference(c, e) for c, e in zip(optimizer_sums(step), sums)) < 1e-5
     assert float(step.flat_grad.abs().max()) == 0.0  # zeroed for the next step
     assert step.steps_before_first_bad() is None
 
@@ -129,15 +134,46 @@ def test_a_gradient_that_is_not_finite_stops_every_update_from_that_step_on():
     step.accumulate(batch)
     step.update()
     weights = [p.detach().clone() for p in model.parameters()]
-    sums = [s.clone() for s in step.state_sums]
+    sums = [s.clone() for s in optimizer_sums(step)]
     step.accumulate(batch)
     step.flat_grad[0] = float("nan")  # as a gradient that overflowed
     assert not torch.isfinite(step.update())
     step.accumulate(batch)  # a later finite step applies nothing either: the run stops at its next logging step
     assert torch.isfinite(step.update())
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
-    assert all(torch.equal(s, t) for s, t in zip(step.state_sums, sums))
+    assert all(torch.equal(s, t) for s, t in zip(optimizer_sums(step), sums))
     assert step.steps_before_first_bad() == 1
+
+
+def test_the_update_reads_and_writes_only_the_softmax_rows_the_step_read():
+    """bilm-tf's sparse update in fixed shapes: a row no target and no negative read is neither read nor written
+    (NaN put in its Adagrad sum stays out of every weight; the dense update wrote NaN there), and the rows read get
+    the eager step's update."""
+    torch._dynamo.reset()
+    base = pretraining_model()  # 300 words, 64 negatives
+    batch = encode([5, 3, 6, 1])
+    eager, model = copy.deepcopy(base), copy.deepcopy(base)
+    torch.manual_seed(7)
+    eager_reference_step(eager, batch)
+    step = captured(model)
+    assert step.rows_per_update == 2 * 5 * (16 + 2) + 64  # the largest batch's positions and the negatives
+    torch.manual_seed(7)
+    step.accumulate(batch)
+    read = step.rows_read > 0
+    assert 64 < int(read.sum()) < 300
+    step.optimizer.state[model.softmax.weight]["sum"][~read] = float("nan")
+    step.optimizer.state[model.softmax.bias]["sum"][~read] = float("nan")
+    before = [model.softmax.weight.detach().clone(), model.softmax.bias.detach().clone()]
+    step.update()
+    for after, old, expected in zip((model.softmax.weight, model.softmax.bias), before,
+                                    (eager.softmax.weight, eager.softmax.bias)):
+        assert torch.equal(after[~read], old[~read]) and bool(torch.isfinite(after).all())
+        assert float((after[read] - expected[read]).detach().abs().max()) < 1e-6
+        assert float((after[read] - old[read]).detach().abs().max()) > 1e-3
+    assert float(step.flat_grad.abs().max()) == 0.0  # the mask too, for the next step
+    with pytest.raises(ValueError, match=r"a batch of 5 rows x 24 words is larger than the captured step's "
+                                         r"largest_batch \(5, 16\) \(rows, words\)"):
+        step.accumulate(encode([20, 3]))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
@@ -159,7 +195,8 @@ def test_the_step_without_whole_compilation_is_one_eager_step_twice(device, monk
     if device == "cpu":
         eager.set_elmo_implementation("reference")
     eager_optimizer = adagrad(eager)
-    step = CapturedTrainingStep(model, adagrad(model), loss_scale=20.0, max_grad_norm=10.0, backend=None)
+    step = CapturedTrainingStep(model, adagrad(model), loss_scale=20.0, max_grad_norm=10.0, largest_batch=(5, 16),
+                                backend=None)
     weight_tolerance = 1e-6 if device == "cpu" else 1e-5  # a GPU's kernels may sum in another order
     for batch in batches:
         torch.manual_seed(7)
@@ -183,10 +220,11 @@ def test_the_step_without_whole_compilation_is_one_eager_step_twice(device, monk
 def test_the_captured_step_refuses_what_it_cannot_run():
     model = pretraining_model()
     with pytest.raises(TypeError, match="one torch.optim.Adagrad"):
-        CapturedTrainingStep(model, torch.optim.AdamW(model.parameters()), loss_scale=1.0, max_grad_norm=1.0)
+        CapturedTrainingStep(model, torch.optim.AdamW(model.parameters()), loss_scale=1.0, max_grad_norm=1.0,
+                             largest_batch=(5, 16))
     with pytest.raises(TypeError, match="without lr_decay, weight_decay or maximize"):
         CapturedTrainingStep(model, torch.optim.Adagrad(model.parameters(), lr_decay=0.1), loss_scale=1.0,
-                             max_grad_norm=1.0)
+                             max_grad_norm=1.0, largest_batch=(5, 16))
     model.softmax.sparse = True
     with pytest.raises(ValueError, match="dense gradient"):
         captured(model)
@@ -266,8 +304,10 @@ def test_a_resumed_captured_run_ends_bit_exactly_as_an_uninterrupted_one(english
                          "bf16", "--compile-backend", backend, *extra)
 
     assert pretrain(tmp_path / "whole", "--max-steps", "4") == 0
-    assert f"Training step: captured ({how}; batches of 6 rows, " \
-           "lengths padded to a multiple of 8 words; dense softmax gradient)" in caplog.text
+    # The update's softmax rows: the most a batch of 6 rows x 8 words reads, 2 x 6 x (8 + 2) targets and 256
+    # negatives (below the vocabulary's size).
+    assert f"Training step: captured ({how}; batches of 6 rows, lengths padded to a multiple of 8 words; dense " \
+           "softmax gradient, updated over 376 rows a step)" in caplog.text
     assert "sampled (256 negatives) softmax in training (dense gradient)" in caplog.text
     # Sentences of at most 8 words: one length, one graph to compile, and the log says when it does.
     builds = backend != "none"  # plain calls on the CPU build nothing
