@@ -15,13 +15,14 @@ With several processes the buffer is all-reduced once between the two (gradients
 of processes inside `update`: the mean over processes that DDP takes). So each step is two graph replays, one
 collective and the batch's copies to the device.
 
-The softmax's gradient is dense here (a sparse tensor's shape depends on the data); on the CPU the eager step keeps
-the sparse update, which pays there (`hf_elmo.pretraining.sparse_softmax_gradients`). The update still passes over
-the rows the step read alone, as the sparse one does: the softmax marks them in a mask (`ElmoSoftmax.rows_read`,
-all-reduced with the gradients), `update` takes a fixed number of them (`torch.topk` of the mask: the most rows a
-step can read, bounded by `largest_batch`; rows not read fill the rest, and a zero gradient leaves a row as it is)
-and clips, updates and zeroes those. At bilm-tf's 793,471 words Adagrad's passes over every row of the softmax's
-406M parameters took 9.9 ms of a 39 ms step on an H200 (2026-11-27), for the 20k or so rows a step reads.
+The softmax's gradient has no sparse tensor here (its shape depends on the data; on the CPU the eager step keeps
+the sparse update, `hf_elmo.pretraining.sparse_softmax_gradients`), but the step still touches only the rows a
+batch reads, as the sparse update does. `accumulate` takes the gradient of the rows the softmax gathered
+(`ElmoSoftmax.keep_gathered`), adds it into those rows of the buffer and marks them in a mask (all-reduced with the
+gradients); `update` takes a fixed number of rows (`torch.topk` of the mask: the most a step can read, bounded by
+`largest_batch`; rows not read fill the rest and are written back as they were) and clips, updates and zeroes
+those. At bilm-tf's 793,471 words the passes over every row of the softmax's 406M parameters took 9 ms of a 39 ms
+step on an H200 (2026-11-27), for the 20k or so rows a step reads. With the full softmax every row is read.
 
 A gradient that is not finite cannot stop the run from inside a graph. `update` then applies nothing, neither at
 that step nor at any after it, and records the first such step in `first_bad_step` (0 while every step was finite).
@@ -114,7 +115,7 @@ class CapturedTrainingStep:
         self.every_row = (torch.arange(vocab_size, device=self.device) if self.rows_per_update == vocab_size
                           else None)
         self.rows_read = self.flat_grad[-vocab_size:]
-        softmax.rows_read = self.rows_read if self.every_row is None else None
+        softmax.keep_gathered = self.every_row is None
         self.shapes_compiled = set()
         self.steps_done = torch.zeros((), dtype=torch.long, device=self.device)
         self.first_bad_step = torch.zeros((), dtype=torch.long, device=self.device)
@@ -155,10 +156,20 @@ class CapturedTrainingStep:
         with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
                             enabled=self.autocast_dtype is not None):
             outputs = self.model(input_ids, attention_mask=attention_mask, labels=labels)
-        scale = self.loss_scale / self.accumulation_steps
-        grads = torch.autograd.grad(outputs.loss * scale, self.params)
-        with torch.no_grad():
-            torch._foreach_add_(self.grads, grads)
+        loss = outputs.loss * (self.loss_scale / self.accumulation_steps)
+        if self.every_row is not None:  # the full softmax: every row's gradient
+            with torch.no_grad():
+                torch._foreach_add_(self.grads, torch.autograd.grad(loss, self.params))
+        else:
+            softmax = self.model.softmax
+            (ids, *gathered), softmax.gathered = softmax.gathered, None  # it holds the step's autograd graph
+            *grads, weight_rows, bias_rows = torch.autograd.grad(loss, [*self.dense_params, *gathered])
+            with torch.no_grad():
+                torch._foreach_add_(self.dense_grads, grads)
+                # index_put_ sums a row read twice; unlike index_add_, deterministically on CUDA too.
+                for table_grad, rows_grad in zip(self.table_grads, (weight_rows, bias_rows)):
+                    table_grad.index_put_((ids,), rows_grad, accumulate=True)
+                self.rows_read.index_fill_(0, ids, 1.0)
         return torch.stack([outputs.loss, outputs.forward_loss, outputs.backward_loss]).detach()
 
     @torch.no_grad()

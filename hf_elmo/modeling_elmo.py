@@ -1330,12 +1330,14 @@ class ElmoSoftmax(nn.Embedding):
     a row whose gradient is zero does not change, so the weights are those of the dense update. It is an
     `nn.Embedding` because that is the module DDP knows to expect sparse gradients from.
 
-    The captured training step (`hf_elmo.captured_step`), whose gradients must be dense, sets `rows_read`: a
-    `(vocab_size,)` fp32 tensor in which `rows` marks (1.0) the rows it gathers while autograd records, so that the
-    step's update passes over those rows alone (its fixed-shape form of the same sparse update).
+    The captured training step (`hf_elmo.captured_step`), whose shapes must not depend on the data, sets
+    `keep_gathered`: `rows` then keeps what it gathers while autograd records, `(ids, weight rows, biases)` in
+    `gathered`, so that the step takes the gradient of those rows alone and updates them alone (its fixed-shape form
+    of the same sparse update).
     """
 
-    rows_read: torch.Tensor | None = None
+    keep_gathered = False
+    gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__(vocab_size, hidden_size)
@@ -1346,8 +1348,9 @@ class ElmoSoftmax(nn.Embedding):
 
     def rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The weight rows `(len(ids), hidden_size)` and biases `(len(ids),)` of words `ids`."""
-        if self.rows_read is not None and torch.is_grad_enabled():
-            self.rows_read.index_fill_(0, ids, 1.0)
+        if self.keep_gathered and torch.is_grad_enabled():
+            self.gathered = (ids, self.weight[ids], self.bias[ids])
+            return self.gathered[1:]
         if self.sparse:
             require_hf_elmo("sparse softmax gradients", sampled_softmax)
             return sampled_softmax.rows_with_sparse_gradient(self.weight, self.bias, ids)
