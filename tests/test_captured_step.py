@@ -176,6 +176,41 @@ def test_the_update_reads_and_writes_only_the_softmax_rows_the_step_read():
         step.accumulate(encode([20, 3]))
 
 
+def test_the_softmax_rows_updated_over_processes_are_those_any_process_read():
+    """What the all-reduce hands `update` (the buffers summed, masks of rows read included), without processes: two
+    steps of world size 2, each given the sum of both buffers, equal one step accumulating both micro-batches, with
+    the sampled softmax (each micro-batch reads other rows, and the rows either read are updated)."""
+    base = pretraining_model(dropout=0.0, samples=16)  # 2 x 5 x (8 + 2) + 16 rows a micro-batch: 232 of 300 for two
+    halves = [encode([5, 3, 6, 1]), encode([4, 4, 2, 6, 5], offset=3)]
+
+    def step_of(model, **options):
+        return CapturedTrainingStep(model, adagrad(model), loss_scale=20.0, max_grad_norm=10.0, largest_batch=(5, 8),
+                                    backend=None, **options)
+
+    one = copy.deepcopy(base)
+    whole = step_of(one, accumulation_steps=2)
+    assert whole.rows_per_update == 232
+    for seed, batch in enumerate(halves):
+        torch.manual_seed(seed)
+        whole.accumulate(batch)
+    whole.update()
+    models = [copy.deepcopy(base) for _ in halves]
+    steps = [step_of(model, world_size=2) for model in models]
+    for seed, (step, batch) in enumerate(zip(steps, halves)):
+        torch.manual_seed(seed)
+        step.accumulate(batch)
+    read = [step.rows_read > 0 for step in steps]
+    assert int((read[0] ^ read[1]).sum()) > 10  # rows one half read and the other did not
+    summed = steps[0].flat_grad + steps[1].flat_grad  # torch.distributed.all_reduce's sum
+    for step in steps:
+        step.flat_grad.copy_(summed)
+        step.update()
+    for model in models:
+        assert max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), one.parameters())) < 1e-6
+    moved = (models[0].softmax.weight - base.softmax.weight).detach().abs().amax(dim=1) > 0
+    assert torch.equal(moved, read[0] | read[1])
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="CUDA graphs need a GPU (gpu_report.py's cuda_tests run this)"))])
 def test_the_step_without_whole_compilation_is_one_eager_step_twice(device, monkeypatch):
