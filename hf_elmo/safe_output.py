@@ -169,13 +169,29 @@ def check_folder_or_absent(folder: str, option: str) -> None:
         raise OutputError(f"{folder}: exists and is not a folder; remove it or choose another {option}.")
 
 
+# The handles of the locks this process holds. A forked child (a DataLoader worker) closes its copies at once: an
+# flock belongs to the open file, which a fork shares, so a child that kept it would hold the lock after its parent
+# was killed, and a run started again at once was refused, naming a process that no longer existed.
+_HELD_LOCKS = set()
+
+
+def _close_inherited_locks() -> None:
+    for handle in _HELD_LOCKS:
+        handle.close()  # this process's descriptor only: the parent's still holds the lock
+    _HELD_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
 class OutputLock:
     """
     The exclusive lock (`fcntl.flock`) a run holds on its output for its lifetime, so that two runs never write one
     output: `lock_file` is created (with its folder) and holds the holder's process id; a second run gets
     `OutputInUse`, one line naming `command` and `option`, and touches nothing. `existed` says whether an earlier
-    run left the file (a killed one). `release()` (or the process's end) frees it. Where the platform has no fcntl,
-    nothing is locked.
+    run left the file (a killed one). `release()` (or the process's end: processes it forked do not keep it) frees
+    it. Where the platform has no fcntl, nothing is locked.
     """
 
     def __init__(self, output: str, lock_file: str, command: str, option: str):
@@ -204,6 +220,7 @@ class OutputLock:
         handle.write(f"pid {os.getpid()}\n")
         handle.flush()
         self.handle = handle
+        _HELD_LOCKS.add(handle)
 
     def release(self, keep_file: bool = False) -> None:
         """Free the lock and remove its file: a finished output holds no file of the run's bookkeeping. (A run that
@@ -215,6 +232,7 @@ class OutputLock:
                     os.remove(self.handle.name)
             except FileNotFoundError:  # the folder of a run that failed early was removed with it
                 pass
+            _HELD_LOCKS.discard(self.handle)
             self.handle.close()
             self.handle = None
 

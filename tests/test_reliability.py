@@ -786,3 +786,32 @@ def test_commands_leave_nothing_in_the_temporary_folder(converted_dir, tmp_path)
         assert done.returncode in (0, 1, 2), done.stderr[-2000:]
     assert os.listdir(scratch) == []
     assert (cache / "hf_elmo" / "torchinductor").is_dir()  # torch's compile cache, in the user's cache instead
+
+
+def test_a_killed_runs_output_lock_is_free_at_once_though_its_forked_workers_live_on(tmp_path):
+    """A run SIGKILLed while its DataLoader workers (forked children) still lived: run again at once, it was refused
+    as "being written by another run (pid N)", N dead, for as long as the workers lived. The children now close
+    their copies of the lock at the fork."""
+    from hf_elmo.safe_output import OutputLock, sibling_lock_file
+
+    output = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import os, sys, time
+from hf_elmo.safe_output import OutputLock
+lock = OutputLock({str(output)!r}, {sibling_lock_file(str(output))!r}, "test", "--output-dir")
+child = os.fork()
+if child == 0:  # a worker: lives on after its parent is killed
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(60)
+"""], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    worker = int(holder.stdout.readline())
+    try:
+        holder.kill()
+        holder.wait(timeout=30)
+        os.kill(worker, 0)  # still alive
+        with OutputLock(str(output), sibling_lock_file(str(output)), "test", "--output-dir") as lock:
+            assert lock.existed  # the killed run's file, taken over
+    finally:
+        os.kill(worker, signal.SIGKILL)
