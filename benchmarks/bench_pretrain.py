@@ -50,6 +50,8 @@ import sys
 import tempfile
 import time
 
+STARTED = time.perf_counter()  # before torch and hf_elmo are imported: `phases_s` counts their import
+
 import torch
 
 
@@ -344,6 +346,15 @@ def main():
     if args.device == "cpu":
         os.environ["ACCELERATE_USE_CPU"] = "1"  # PretrainingRun's Accelerator stays on the CPU
 
+    # Where a run's wall time goes besides the timed steps (the 2026-11-27 H200 report spent about 40 s a run for
+    # under a second of timed steps): each phase's seconds, in order.
+    phases, last = {}, [STARTED]
+
+    def phase(name: str) -> None:
+        now = time.perf_counter()
+        phases[name], last[0] = round(now - last[0], 2), now
+
+    phase("imports")
     config_dir = tempfile.mkdtemp(prefix="bench_pretrain-")  # the recipe's config.json and the peer's files
     atexit.register(shutil.rmtree, config_dir, True)
     if args.config == "recipe":
@@ -366,10 +377,12 @@ def main():
     settings = dict(shards=files, split_words=splitter, batch_size=args.batch_size, seed=0, shuffle_window=100_000,
                     max_words=args.max_sentence_words)
 
+    phase("vocabulary")
     pipeline = {"workers_0": pipeline_rate(settings, encoder, 0, args.pipeline_epochs)}
     if args.num_workers:
         pipeline[f"workers_{args.num_workers}"] = pipeline_rate(settings, encoder, args.num_workers,
                                                                args.pipeline_epochs)
+    phase("pipeline")
     common = {
         "cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__, "text": os.path.basename(text),
         "vocab_size": tokenizer.word_vocab_size, "batch_size": args.batch_size, "num_workers": args.num_workers,
@@ -391,11 +404,16 @@ def main():
         run.start_batches()
         run.model.train()
         window = LossWindow(device)
+        phase("model")
         # The timed steps are hf-elmo pretrain's own: PretrainingRun.optimizer_step (its batches, length buckets,
         # loss scale, clipping and the one read of the gradient norm per step).
-        for _ in range(args.warmup_steps):
+        for index in range(args.warmup_steps):
             run.optimizer_step(window)
+            if index == 0:
+                sync()
+                phase("first_step")  # on a GPU the recording of its graphs, and the recurrence's kernels compiled
         sync()
+        phase("warmup")
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         # Each step timed alone: one that compiled a graph (a new length bucket, captured step) is counted apart.
@@ -412,6 +430,7 @@ def main():
             else:
                 elapsed, tokens = elapsed + seconds, tokens + window.tokens
         tokens_per_s = tokens / elapsed if elapsed else None
+        phase("timed")
         peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else bench_utils.proc_status_mib("VmHWM")
 
         # Profiling pass: the same optimizer_step, its sections marked by hooks that synchronise at each edge.
@@ -422,6 +441,7 @@ def main():
             for name, seconds in sections.split().items():
                 split[name] = split.get(name, 0.0) + seconds
         top_ops = operator_profile(run, window, args.profile_steps, args.top_ops, sync) if args.top_ops else None
+        phase("profile")
         sparse_softmax = bool(accelerator.unwrap_model(run.model).softmax.sparse)
         run.batches = None  # stops the workers
         del run
@@ -453,6 +473,7 @@ def main():
         "split_s_per_step": {k: round(v / args.profile_steps, 4) for k, v in split.items()},
         "pipeline_vs_training": round(max(pipeline.values()) / tokens_per_s, 1) if tokens_per_s else None,
         **({} if top_ops is None else top_ops),
+        "phases_s": phases,
         **({} if peer is None else {
             "peer": peer,
             "ratio_to_peer": (round(tokens_per_s / peer["tokens_per_s"], 2)

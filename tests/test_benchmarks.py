@@ -244,6 +244,8 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
     assert all(run["softmax_gradient"] == "sparse" for run in runs)
     assert all(run["wall_s"] > 0 for run in [*runs, *sections["inference"]["runs"]])  # each run's own time
     assert all(len(run["top_ops_per_step"]) == 3 and run["top_ops_per_step"][0]["calls"] > 0 for run in runs)
+    assert all(list(run["phases_s"]) == ["imports", "vocabulary", "pipeline", "model", "first_step", "warmup", "timed",
+                                         "profile"] and min(run["phases_s"].values()) >= 0 for run in runs)
     assert sections["data_parallel"]["skipped"] == ("0 GPU(s): tokens/s per GPU for 1 and N processes needs at least 2 "
                                                     "(the --smoke run is on the CPU)")
     assert [run["dtype"] for run in sections["inference"]["runs"]] == ["fp32", "bf16"]
