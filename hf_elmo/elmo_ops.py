@@ -151,7 +151,11 @@ class ClippedLstmRecurrence(torch.autograd.Function):
     def forward(ctx, input_gates, active, cell, hidden, recurrent, projection, cell_clip, proj_clip, rows_at):
         num_rows = input_gates.shape[2]
         schedule = rows_at if rows_at is not None else (num_rows,) * input_gates.shape[0]
-        outputs = input_gates.new_zeros(*input_gates.shape[:3], projection.shape[-1], dtype=torch.float32)
+        # Every row every step (static shapes): the steps' outputs are stacked once at the end, where a write into
+        # the result each step was one more kernel a step on a GPU. Packed rows write their part of each step.
+        outputs = (None if rows_at is None
+                   else input_gates.new_zeros(*input_gates.shape[:3], projection.shape[-1], dtype=torch.float32))
+        step_outputs = []
         final_cell, final_hidden = cell.clone(), hidden.clone()
         # The state the steps read is always a tensor of its own, never a view: Dynamo guards a view's base too, and
         # each new layout recompiled the step's kernels (training and packed inference in one process reached its
@@ -169,7 +173,11 @@ class ClippedLstmRecurrence(torch.autograd.Function):
                 input_gates[t, :, :rows], matmul(hidden, recurrent), cell, step_active, cell_clip, training
             )
             projected = matmul(cell_output, projection)
-            new_hidden, outputs[t, :, :rows] = _projection_forward(projected, hidden, step_active, proj_clip)
+            new_hidden, step_output = _projection_forward(projected, hidden, step_active, proj_clip)
+            if outputs is None:
+                step_outputs.append(step_output)
+            else:
+                outputs[t, :, :rows] = step_output
             if training:
                 for name, value in zip(saved, (*activations, cell, hidden, cell_output, projected)):
                     saved[name].append(value)
@@ -178,6 +186,9 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             done = schedule[t + 1] if t + 1 < len(schedule) else 0
             final_cell[:, done:rows] = cell[:, done:]
             final_hidden[:, done:rows] = hidden[:, done:]
+        if outputs is None:
+            outputs = (torch.stack(step_outputs) if step_outputs else
+                       input_gates.new_zeros(*input_gates.shape[:3], projection.shape[-1], dtype=torch.float32))
         ctx.steps = len(saved["cells"])
         ctx.schedule, ctx.clips, ctx.input_dtype = schedule, (cell_clip, proj_clip), input_gates.dtype
         if training:  # inference keeps nothing
@@ -211,7 +222,7 @@ class ClippedLstmRecurrence(torch.autograd.Function):
                                              step_active, proj_clip)
             grad_cell_output = matmul(grad_step, projection.transpose(1, 2))
             result = grad_input_gates[t, :, :rows]
-            step_gates, grad_cell[:, :rows] = _step_backward(
+            step_gates, step_grad_cell = _step_backward(
                 cells[t], activations[t], grad_cell[:, :rows], grad_cell_output, step_active, cell_clip,
                 result if into_result else None,
             )
@@ -221,10 +232,14 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             # The hidden state before the step reaches the loss through this step's gates, and (where the row did
             # not read the step) unchanged.
             through_gates = matmul(step_gates, recurrent.transpose(1, 2)).float()
-            if step_active is None:
-                grad_hidden[:, :rows] = through_gates
+            step_grad_hidden = (through_gates if step_active is None
+                                else torch.where(step_active, 0.0, grad_hidden[:, :rows]) + through_gates)
+            # Where every row read the step the new gradients replace the old ones whole (no copy: one kernel fewer
+            # each, a step, on a GPU); packed rows write theirs into the first `rows`.
+            if rows == num_rows:
+                grad_cell, grad_hidden = step_grad_cell, step_grad_hidden
             else:
-                grad_hidden[:, :rows] = torch.where(step_active, 0.0, grad_hidden[:, :rows]) + through_gates
+                grad_cell[:, :rows], grad_hidden[:, :rows] = step_grad_cell, step_grad_hidden
             grad_gates[t], grad_projected[t] = step_gates, grad_step
         # Weight gradients: one matmul over every step's rows, per direction.
         if ctx.steps:
