@@ -174,8 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--training-step", choices=("auto", "captured", "eager"), default="auto",
                        help="captured: each optimizer step runs as two graphs (on a GPU the host launches a few "
                        "graphs a step instead of thousands of kernels), batches padded to --batch-size rows and to "
-                       "a multiple of 8 words, the softmax's gradient dense (its update still touches only the "
-                       "rows a step read); it needs Adagrad at a constant learning "
+                       "a multiple of 8 words, the softmax's gradient in a dense buffer (computed and updated for "
+                       "the rows a step read only); it needs Adagrad at a constant learning "
                        "rate and no fp16. eager: the step as plain PyTorch, with the softmax's sparse gradient on a "
                        "CPU. auto (default): captured on a GPU where the options allow it, else eager.")
     train.add_argument("--compile-backend", choices=("none", "inductor", "aot_eager"), default="none",
