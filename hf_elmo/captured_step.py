@@ -63,6 +63,15 @@ GRAPHS_PER_FUNCTION = 64
 COMPILE_SETTINGS = torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=GRAPHS_PER_FUNCTION)
 
 
+def softmax_rows_read(config, rows: int, words: int) -> int:
+    """The most softmax rows a training batch of `rows` x `words` words reads: every scored position's target
+    (`ElmoForPreTraining.forward` scores `words` + 2 positions a row, both directions) and the sampled negatives; with
+    the full softmax, every row."""
+    if not 0 < config.num_softmax_samples < config.vocab_size:
+        return config.vocab_size
+    return min(config.vocab_size, 2 * rows * (words + 2) + config.num_softmax_samples)
+
+
 class CapturedTrainingStep:
     """
     `model`'s optimizer steps as two compiled graphs (module docstring). What it supports is
@@ -99,8 +108,8 @@ class CapturedTrainingStep:
         self.table_params = [softmax.weight, softmax.bias]
         self.dense_params = [p for p in self.params if all(p is not t for t in self.table_params)]
         vocab_size = softmax.num_embeddings
-        self.rows_per_update = min(vocab_size, world_size * accumulation_steps * model.softmax_rows_read(
-            *self.largest_batch))
+        self.rows_per_update = min(vocab_size, world_size * accumulation_steps * softmax_rows_read(
+            model.config, *self.largest_batch))
         # One buffer, so that several processes all-reduce it in one call: the other parameters' gradients, then the
         # table's, then the mask of the rows read (summed over processes: a row any of them read is > 0).
         sizes = [p.numel() for p in (*self.dense_params, *self.table_params)] + [vocab_size]

@@ -1329,31 +1329,21 @@ class ElmoSoftmax(nn.Embedding):
     `IndexedSlices`), instead of every row of a vocabulary that can be 793k x 512. With Adagrad and no weight decay
     a row whose gradient is zero does not change, so the weights are those of the dense update. It is an
     `nn.Embedding` because that is the module DDP knows to expect sparse gradients from.
-
-    The captured training step (`hf_elmo.captured_step`), whose shapes must not depend on the data, sets
-    `keep_gathered`: `rows` then keeps what it gathers while autograd records, `(ids, weight rows, biases)` in
-    `gathered`, so that the step takes the gradient of those rows alone and updates them alone (its fixed-shape form
-    of the same sparse update).
     """
-
-    keep_gathered = False
-    gathered: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def __init__(self, vocab_size: int, hidden_size: int):
         super().__init__(vocab_size, hidden_size)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
+        self.keep_gathered = False  # set by the captured training step: `sampled_softmax.rows_for_training`
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return nn.functional.linear(hidden, self.weight, self.bias)
 
     def rows(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The weight rows `(len(ids), hidden_size)` and biases `(len(ids),)` of words `ids`."""
-        if self.keep_gathered and torch.is_grad_enabled():
-            self.gathered = (ids, self.weight[ids], self.bias[ids])
-            return self.gathered[1:]
-        if self.sparse:
+        if self.sparse or self.keep_gathered:
             require_hf_elmo("sparse softmax gradients", sampled_softmax)
-            return sampled_softmax.rows_with_sparse_gradient(self.weight, self.bias, ids)
+            return sampled_softmax.rows_for_training(self, ids)
         return self.weight[ids], self.bias[ids]
 
 
@@ -1423,20 +1413,8 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         self.elmo.set_input_embeddings(value)
 
     @property
-    def trains_with_sampled_softmax(self) -> bool:
-        return 0 < self.config.num_softmax_samples < self.config.vocab_size
-
-    @property
     def uses_sampled_softmax(self) -> bool:
-        return self.training and self.trains_with_sampled_softmax
-
-    def softmax_rows_read(self, rows: int, words: int) -> int:
-        """The most softmax rows a training batch of `rows` x `words` words reads: every scored position's target
-        (`words` + 2 positions a row, both directions: `forward`) and the sampled negatives; with the full softmax,
-        every row."""
-        if not self.trains_with_sampled_softmax:
-            return self.config.vocab_size
-        return min(self.config.vocab_size, 2 * rows * (words + 2) + self.config.num_softmax_samples)
+        return self.training and 0 < self.config.num_softmax_samples < self.config.vocab_size
 
     def lm_targets(self, labels: torch.Tensor, word_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """

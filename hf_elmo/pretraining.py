@@ -458,7 +458,7 @@ class PretrainingRun:
         )
         model = build_model(args, base, encoder, self.tokenizer)
         del encoder
-        sampled = model.trains_with_sampled_softmax
+        sampled = 0 < model.config.num_softmax_samples < model.config.vocab_size
         self.captured = use_captured_step(args, accelerator.device, accelerator.mixed_precision)
         # Before the model is wrapped: DDP reads it to know which gradients come sparse. The captured step's
         # gradients are dense (a sparse tensor's shape depends on the data).

@@ -89,8 +89,23 @@ class _RowsWithSparseGradient(torch.autograd.Function):
         return torch.sparse_coo_tensor(ids[None], grad, ctx.table_shape, check_invariants=False), None
 
 
+def rows_for_training(softmax, ids: torch.Tensor):
+    """
+    `ElmoSoftmax.rows` where a step's gradient, norm and Adagrad update touch only these rows. With `softmax.sparse`
+    the rows' gradients are sparse tensors. With `softmax.keep_gathered` (the captured training step, whose shapes
+    must not depend on the data) the gathered rows are kept, while autograd records, in `softmax.gathered` as `(ids,
+    weight rows, biases)`: the step asks autograd for their gradient alone and updates those rows alone.
+    """
+    if softmax.keep_gathered:
+        rows = softmax.weight[ids], softmax.bias[ids]
+        if torch.is_grad_enabled():
+            softmax.gathered = (ids, *rows)
+        return rows
+    return rows_with_sparse_gradient(softmax.weight, softmax.bias, ids)
+
+
 def rows_with_sparse_gradient(weight: torch.Tensor, bias: torch.Tensor, ids: torch.Tensor):
-    """`ElmoSoftmax.rows` with sparse gradients: a step's gradient, norm and Adagrad update touch only these rows."""
+    """The rows' sparse gradients (`rows_for_training`; what the `ElmoSoftmax.rows` of earlier saved folders call)."""
     return _RowsWithSparseGradient.apply(weight, ids), _RowsWithSparseGradient.apply(bias, ids)
 
 
