@@ -19,10 +19,11 @@ The softmax's gradient has no sparse tensor here (its shape depends on the data;
 the sparse update, `hf_elmo.pretraining.sparse_softmax_gradients`), but the step still touches only the rows a
 batch reads, as the sparse update does. `accumulate` takes the gradient of the rows the softmax gathered
 (`sampled_softmax.rows_for_training`), adds it into those rows of the buffer and marks them in a mask
-(all-reduced with the gradients); `update` takes a fixed number of rows (`torch.topk` of the mask: the most a step can read, bounded by
-`largest_batch`; rows not read fill the rest and are written back as they were) and clips, updates and zeroes
-those. At bilm-tf's 793,471 words the passes over every row of the softmax's 406M parameters took 9 ms of a 39 ms
-step on an H200 (2026-11-27), for the 20k or so rows a step reads. With the full softmax every row is read.
+(all-reduced with the gradients); `update` takes a fixed number of rows (`torch.topk` of the mask: the most a
+step can read, bounded by `largest_batch`; rows not read fill the rest and are written back as they were) and
+clips, updates and zeroes those. At bilm-tf's 793,471 words the passes over every row of the softmax's 406M
+parameters took 9 ms of a 39 ms step on an H200 (2026-11-27), for the 20k or so rows a step reads. With the full
+softmax every row is read.
 
 A gradient that is not finite cannot stop the run from inside a graph. `update` then applies nothing, neither at
 that step nor at any after it, and records the first such step in `first_bad_step` (0 while every step was finite).
