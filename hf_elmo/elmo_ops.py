@@ -118,8 +118,21 @@ def _projection_backward(projected, grad_output, grad_hidden, active, proj_clip:
     return torch.where(projected.float().abs() <= proj_clip, grad_step, 0.0).to(projected.dtype)
 
 
-# The step's backward, one fused kernel on CUDA as each of the forward's two are (eager, it is about 25 kernels).
-_step_backward = _compiled(lstm_cell_backward)
+@_compiled
+def _step_backward(cell, activations, grad_cell, grad_cell_output, active, cell_clip: float, out, gates_dtype):
+    """`lstm_cell_backward`, one fused kernel on CUDA as each of the forward's two are (eager, it is about 25
+    kernels), which also gives the gates' gradient in `gates_dtype`, the recurrent product's (in bf16 a cast fewer)."""
+    grad_gates, grad_cell = lstm_cell_backward(cell, activations, grad_cell, grad_cell_output, active, cell_clip, out)
+    return grad_gates, grad_gates.to(gates_dtype), grad_cell
+
+
+@_compiled
+def _hidden_gradient(grad_hidden, through_gates, active):
+    """The gradient of the hidden state before a step: through the step's gates, and where a row did not read the
+    step, unchanged from after it (one kernel where it was three: the cast, `where` and the sum)."""
+    if active is None:
+        return through_gates.float()
+    return torch.where(active, 0.0, grad_hidden) + through_gates.float()
 
 
 # What the forward keeps of each step for the backward: `lstm_cell`'s activations, the state before the step, the
@@ -222,18 +235,14 @@ class ClippedLstmRecurrence(torch.autograd.Function):
                                              step_active, proj_clip)
             grad_cell_output = matmul(grad_step, projection.transpose(1, 2))
             result = grad_input_gates[t, :, :rows]
-            step_gates, step_grad_cell = _step_backward(
+            step_gates_fp32, step_gates, step_grad_cell = _step_backward(
                 cells[t], activations[t], grad_cell[:, :rows], grad_cell_output, step_active, cell_clip,
-                result if into_result else None,
+                result if into_result else None, recurrent.dtype,
             )
             if not into_result:
-                result.copy_(step_gates)
-            step_gates = step_gates.to(recurrent.dtype)
-            # The hidden state before the step reaches the loss through this step's gates, and (where the row did
-            # not read the step) unchanged.
-            through_gates = matmul(step_gates, recurrent.transpose(1, 2)).float()
-            step_grad_hidden = (through_gates if step_active is None
-                                else torch.where(step_active, 0.0, grad_hidden[:, :rows]) + through_gates)
+                result.copy_(step_gates_fp32)
+            through_gates = matmul(step_gates, recurrent.transpose(1, 2))
+            step_grad_hidden = _hidden_gradient(grad_hidden[:, :rows], through_gates, step_active)
             # Where every row read the step the new gradients replace the old ones whole (no copy: one kernel fewer
             # each, a step, on a GPU); packed rows write theirs into the first `rows`.
             if rows == num_rows:

@@ -1032,10 +1032,10 @@ def test_training_and_inference_in_one_process_keep_every_step_kernel_compiled(m
         dynamo_log.removeHandler(handler)
         torch._dynamo.reset()
     assert [w for w in warnings if "recompile_limit" in w] == []
-    # The four step kernels, told apart by their arguments' names (the backward's by its first activation), each
+    # The five step kernels, told apart by their arguments' names (the backward's by its first activation), each
     # compiled.
-    assert {next(name for name in ("input_gates", "activations_0", "grad_output", "projected") if f"L_{name}_" in graph)
-            for graph in graphs} == {"input_gates", "activations_0", "grad_output", "projected"}
+    kernels = ("input_gates", "activations_0", "grad_output", "projected", "through_gates")
+    assert {next(name for name in kernels if f"L_{name}_" in graph) for graph in graphs} == set(kernels)
 
 
 
