@@ -348,11 +348,12 @@ def main():
 
     # Where a run's wall time goes besides the timed steps (the 2026-11-27 H200 report spent about 40 s a run for
     # under a second of timed steps): each phase's seconds, in order.
-    phases, last = {}, [STARTED]
+    phases, last = {}, STARTED
 
     def phase(name: str) -> None:
+        nonlocal last
         now = time.perf_counter()
-        phases[name], last[0] = round(now - last[0], 2), now
+        phases[name], last = round(now - last, 2), now
 
     phase("imports")
     config_dir = tempfile.mkdtemp(prefix="bench_pretrain-")  # the recipe's config.json and the peer's files

@@ -166,9 +166,9 @@ class ClippedLstmRecurrence(torch.autograd.Function):
         schedule = rows_at if rows_at is not None else (num_rows,) * input_gates.shape[0]
         # Every row every step (static shapes): the steps' outputs are stacked once at the end, where a write into
         # the result each step was one more kernel a step on a GPU. Packed rows write their part of each step.
-        outputs = (None if rows_at is None
-                   else input_gates.new_zeros(*input_gates.shape[:3], projection.shape[-1], dtype=torch.float32))
-        step_outputs = []
+        no_outputs = lambda: input_gates.new_zeros(  # noqa: E731
+            *input_gates.shape[:3], projection.shape[-1], dtype=torch.float32)
+        outputs, step_outputs = (None if rows_at is None else no_outputs()), []
         final_cell, final_hidden = cell.clone(), hidden.clone()
         # The state the steps read is always a tensor of its own, never a view: Dynamo guards a view's base too, and
         # each new layout recompiled the step's kernels (training and packed inference in one process reached its
@@ -200,8 +200,7 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             final_cell[:, done:rows] = cell[:, done:]
             final_hidden[:, done:rows] = hidden[:, done:]
         if outputs is None:
-            outputs = (torch.stack(step_outputs) if step_outputs else
-                       input_gates.new_zeros(*input_gates.shape[:3], projection.shape[-1], dtype=torch.float32))
+            outputs = torch.stack(step_outputs) if step_outputs else no_outputs()
         ctx.steps = len(saved["cells"])
         ctx.schedule, ctx.clips, ctx.input_dtype = schedule, (cell_clip, proj_clip), input_gates.dtype
         if training:  # inference keeps nothing

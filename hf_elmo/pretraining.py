@@ -458,7 +458,9 @@ class PretrainingRun:
         )
         model = build_model(args, base, encoder, self.tokenizer)
         del encoder
-        sampled = 0 < model.config.num_softmax_samples < model.config.vocab_size
+        from .sampled_softmax import samples_in_training
+
+        sampled = samples_in_training(model.config)
         self.captured = use_captured_step(args, accelerator.device, accelerator.mixed_precision)
         # Before the model is wrapped: DDP reads it to know which gradients come sparse. The captured step's
         # gradients are dense (a sparse tensor's shape depends on the data).
@@ -517,9 +519,8 @@ class PretrainingRun:
         from .captured_step import CapturedTrainingStep
 
         args, accelerator = self.args, self.accelerator
-        # Sentences are cut at --max-sentence-words, and a batch's words padded to a multiple of the encoder's.
-        multiple = self.batch_encoder.pad_to_multiple_of
-        longest = -(-args.max_sentence_words // multiple) * multiple
+        # Sentences are cut at --max-sentence-words, and a batch's words padded as the encoder pads them.
+        longest = self.batch_encoder.padded_length(args.max_sentence_words)
         step = CapturedTrainingStep(
             accelerator.unwrap_model(self.model), self.optimizer.optimizer, loss_scale=args.loss_scale,
             max_grad_norm=args.max_grad_norm, largest_batch=(args.batch_size, longest),

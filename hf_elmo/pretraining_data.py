@@ -458,6 +458,10 @@ class BatchEncoder:
             self.word_index.setdefault(word, index)  # as the tokenizer: a duplicated word maps to its first line
         self.unk_index = self.word_index[UNKNOWN_WORD]
 
+    def padded_length(self, words: int) -> int:
+        """The words a batch whose longest sentence has `words` words is padded to."""
+        return -(-words // self.pad_to_multiple_of) * self.pad_to_multiple_of
+
     @classmethod
     def from_tokenizer(cls, tokenizer, pad_to_multiple_of: int = 1, pad_rows_to: int = 0) -> "BatchEncoder":
         return cls(tokenizer.word_vocab, tokenizer.max_characters_per_token, pad_to_multiple_of, pad_rows_to)
@@ -479,7 +483,7 @@ class BatchEncoder:
         num_tokens = int(lengths.sum()) + len(sentences)
         if len(sentences) < self.pad_rows_to:
             lengths = np.concatenate([lengths, np.zeros(self.pad_rows_to - len(sentences), dtype=np.int64)])
-        padded_length = -(-int(lengths.max(initial=0)) // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        padded_length = self.padded_length(int(lengths.max(initial=0)))
         mask = np.arange(padded_length)[None, :] < lengths[:, None]
         index = np.full(mask.shape, len(words), dtype=np.int64)
         index[mask] = positions

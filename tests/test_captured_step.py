@@ -146,7 +146,7 @@ def test_a_gradient_that_is_not_finite_stops_every_update_from_that_step_on():
 
 
 def test_the_update_reads_and_writes_only_the_softmax_rows_the_step_read():
-    """bilm-tf's sparse update in fixed shapes: a row no target and no negative read is neither read nor written
+    """bilm-tf's sparse update in fixed shapes: a row no target and no negative read is left as it was, bit for bit
     (NaN put in its Adagrad sum stays out of every weight; the dense update wrote NaN there), and the rows read get
     the eager step's update."""
     torch._dynamo.reset()
