@@ -24,7 +24,7 @@ from torch import nn
 
 from .cpu_tuning import few_column_matmul, step_columns
 from .configuration_elmo import ElmoImplementation, register
-from .elmo_ops import longest_first, needs_autograd, packed_bilstm
+from .elmo_ops import conv_kernel, longest_first, needs_autograd, packed_bilstm
 from .modeling_elmo import clip, fold_forget_bias, is_word_position, lstm_cell, stack_layers
 from .int8_weights import Int8Linear, RecurrenceProducts, has_bf16_dot_products
 
@@ -113,17 +113,6 @@ def _distinct_token_vectors(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([encoder.from_pooled(part, in_place=True) for part in pooled.split(HIGHWAY_CHUNK_WORDS)])
 
 
-def _conv_kernel(encoder) -> torch.Tensor:
-    """All filters as one `(widest * char_dim, n_filters)` matrix, each zero-padded to the widest width."""
-    widest = max(conv.kernel_size[0] for conv in encoder.convolutions)
-    # Conv1d weight (n, char_dim, width) -> (width, char_dim, n), with zero taps past the filter's width.
-    taps = [
-        nn.functional.pad(conv.weight.permute(2, 1, 0), (0, 0, 0, 0, 0, widest - conv.kernel_size[0]))
-        for conv in encoder.convolutions
-    ]
-    return torch.cat(taps, dim=-1).flatten(0, 1)
-
-
 def _pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     """
     Max-pooled convolutions (before bias and activation) of `(words, chars)` ids, as im2col matmuls.
@@ -137,7 +126,7 @@ def _pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     num_words, num_chars = char_ids.shape
     widths = [conv.kernel_size[0] for conv in encoder.convolutions]
     widest = max(widths)
-    kernel = _conv_kernel(encoder)
+    kernel = conv_kernel(encoder)
     # Positions needed per word: up to and including the first window that starts inside the trailing run.
     position = torch.arange(1, num_chars + 1, device=char_ids.device)
     run_start = ((char_ids != char_ids[:, -1:]) * position).amax(dim=1)

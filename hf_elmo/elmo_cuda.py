@@ -10,8 +10,9 @@ hold it to the reference on the CPU), shaped for a GPU:
   nodes a step of the specification records. The weight gradients are one large matmul over all steps;
 - where autograd records the call (training: the step `captured_step` records as CUDA graphs), inside
   `torch.compile` or a CUDA graph recording, and on the meta device, shapes are static: every batch row reads
-  every step (finished rows keep their state, as in the specification), the char CNN reads every position, and
-  nothing is read back to the host;
+  every step (finished rows keep their state, as in the specification), the char CNN reads every word and
+  position, its filters as one product and one max (`elmo_ops.pooled_convolutions`), and nothing is read back to
+  the host;
 - elsewhere (inference, or a frozen biLM under a trained head) the lengths are read back once per call, as
   AllenNLP does: the biLSTM computes only the rows still reading at each step (rows sorted longest first; its
   input products too) and the char CNN each distinct word once. A batch then costs the sum of its lengths, not
@@ -25,7 +26,7 @@ Under autocast the matmuls run in the autocast dtype, the cell state and all ele
 import torch
 
 from .configuration_elmo import ElmoImplementation, register
-from .elmo_ops import batched_bilstm, needs_autograd, packed_bilstm
+from .elmo_ops import batched_bilstm, needs_autograd, packed_bilstm, pooled_convolutions
 from .modeling_elmo import char_encoder_reference
 
 
@@ -40,11 +41,12 @@ def keeps_static_shapes(module, tensor: torch.Tensor) -> bool:
 
 
 def token_vectors(encoder, char_ids):
-    """`ElmoCharacterEncoder.forward`'s function: the reference's, on each distinct word once where shapes may vary.
-    `torch.unique` finds them in one sort on the device; the "cpu" implementation's `distinct_rows` checks its hash
-    chunk by chunk on the host, a read back per chunk on a GPU."""
+    """`ElmoCharacterEncoder.forward`'s function. In static shapes (training), every word with the convolutions as
+    one product and one max (`elmo_ops.pooled_convolutions`); elsewhere the reference's, on each distinct word once:
+    `torch.unique` finds them in one sort on the device, where the "cpu" implementation's `distinct_rows` checks its
+    hash chunk by chunk on the host, a read back per chunk on a GPU."""
     if keeps_static_shapes(encoder, char_ids):
-        return char_encoder_reference(encoder, char_ids)
+        return encoder.from_pooled(pooled_convolutions(encoder, char_ids))
     distinct, inverse = torch.unique(char_ids, dim=0, return_inverse=True)
     return char_encoder_reference(encoder, distinct)[inverse]
 

@@ -2,7 +2,8 @@
 schedules of rows it runs (every row every step, or rows packed longest first): the "cuda" implementation's
 (`elmo_cuda.py`) and the "cpu" one's with autograd (`elmo_cpu.py`). The LSTM maths itself (the step,
 clipping, the forget-bias fold, reversal, layer stacking, the output layout) is the model's (`modeling_elmo.py`),
-imported from there; this module adds the step's backward and the recurrence around it. Its products go through
+imported from there; this module adds the step's backward and the recurrence around it, and the char CNN's
+filters as one product (`conv_kernel`), pooled with static shapes in `pooled_convolutions`. Its products go through
 `cpu_tuning.matmul` (oneDNN on CPUs where that measures faster; torch's own product elsewhere). It comes with
 `pip install hf-elmo`, not with a saved folder's code.
 """
@@ -44,6 +45,48 @@ def lstm_cell_backward(cell, activations, grad_cell, grad_cell_output, active, c
         dim=-1, out=out,
     )
     return grad_gates, grad_new * f if active is None else torch.where(active, grad_new * f, grad_cell)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The char CNN as one product: the im2col kernel (both implementations) and pooling with static shapes ("cuda")
+# ---------------------------------------------------------------------------------------------------------------
+def conv_kernel(encoder) -> torch.Tensor:
+    """All filters as one `(widest * char_dim, n_filters)` matrix, each zero-padded to the widest width."""
+    widest = max(conv.kernel_size[0] for conv in encoder.convolutions)
+    # Conv1d weight (n, char_dim, width) -> (width, char_dim, n), with zero taps past the filter's width.
+    taps = [
+        torch.nn.functional.pad(conv.weight.permute(2, 1, 0), (0, 0, 0, 0, 0, widest - conv.kernel_size[0]))
+        for conv in encoder.convolutions
+    ]
+    return torch.cat(taps, dim=-1).flatten(0, 1)
+
+
+def pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
+    """
+    The max-pooled convolutions of `char_encoder_reference`, bias added, `(words, n_filters)`, in static shapes:
+    every position's widest window (im2col; the row zero-padded at its end) by all filters in ONE product, -inf at
+    the positions where a filter reaches past the row, and ONE max over positions. Its backward puts each filter's
+    gradient at the position the max took (one scatter). The reference's seven convolutions (each with two layout
+    transposes on a GPU) and `amax`'s backward (compare, count, divide, multiply, per filter) took about half of a
+    training step's GPU time (benchmarks/README.md, the H100 run of 2026-11-28). Where positions tie, as the
+    identical windows inside a word's trailing padding do, the gradient goes to one of them instead of being split
+    between them: their windows being equal, every parameter's gradient is the same.
+    """
+    num_chars = char_ids.shape[1]
+    widths = [conv.kernel_size[0] for conv in encoder.convolutions]
+    widest = max(widths)
+    chars = torch.nn.functional.pad(encoder.char_embeddings(char_ids), (0, 0, 0, widest - 1))
+    windows = chars.unfold(1, widest, 1).transpose(2, 3).flatten(2)  # (words, chars, widest * char_dim)
+    features = windows @ conv_kernel(encoder)  # (words, chars, n_filters)
+    # The last valid position of each filter's column, from fills only: a host-to-device copy would sync, and a
+    # CUDA graph recording refuses it.
+    last_valid = torch.cat([
+        torch.full((conv.out_channels,), num_chars - width, device=features.device)
+        for conv, width in zip(encoder.convolutions, widths)
+    ])
+    positions = torch.arange(num_chars, device=features.device)[:, None]
+    features += features.new_zeros(features.shape[1:]).masked_fill_(positions > last_valid, float("-inf"))
+    return features.max(dim=1).values + torch.cat([conv.bias for conv in encoder.convolutions])
 
 
 # ---------------------------------------------------------------------------------------------------------------

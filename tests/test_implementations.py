@@ -407,6 +407,44 @@ def test_char_encoder_edge_rows(model):
     assert (fast - reference).abs().max() <= 1e-5
 
 
+def test_pooled_convolutions_give_the_references_vectors_and_truer_gradients(model):
+    # The static-shape char CNN of the "cuda" implementation (one product, one max) on rows with ties: a long word,
+    # Unicode, the boundaries, random rows without a trailing run, an empty row and a row that is one run. Token
+    # vectors and every gradient within fp32 rounding of float64's; the filters' and embeddings' gradients 5x closer
+    # to them than the reference's own fp32 ones (14x measured): `amax`'s backward divides the gradient between tied
+    # windows and sums it back, a rounding the one max does not make. The empty batch keeps its width.
+    from hf_elmo.elmo_ops import pooled_convolutions
+
+    encoder = copy.deepcopy(model.char_encoder)
+    rng = random.Random(9)
+    rows = [word_to_char_ids(w) for w in ["a", "x" * 48, "é" * 30, "<S>", "</S>", "cat", "the"]]
+    rows += [[rng.randrange(1, 262) for _ in range(50)] for _ in range(3)] + [[0] * 50, [5] * 50]
+    ids = torch.tensor(rows * 6)
+    weights = torch.linspace(-1, 1, 8, dtype=torch.float64)
+
+    def vectors_and_gradients(token_vectors, dtype):
+        encoder.to(dtype).zero_grad()
+        vectors = token_vectors(encoder, ids)
+        (vectors * weights.to(dtype)).sum().backward()
+        return vectors.detach().double(), {n: p.grad.double() for n, p in encoder.named_parameters()}
+
+    one_max = lambda encoder, ids: encoder.from_pooled(pooled_convolutions(encoder, ids))  # noqa: E731
+    truth, truth_grads = vectors_and_gradients(modeling_elmo.char_encoder_reference, torch.float64)
+    fp32, fp32_grads = vectors_and_gradients(modeling_elmo.char_encoder_reference, torch.float32)
+    vectors, grads = vectors_and_gradients(one_max, torch.float32)
+    assert (vectors - truth).abs().max() <= 2e-6 and (fp32 - truth).abs().max() <= 2e-6
+    convolutions = [n for n in truth_grads if n.startswith(("char_embeddings.", "convolutions."))]
+    assert len(convolutions) == 1 + 2 * len(FILTERS)
+    errors, reference_errors = (
+        {name: float((found[name] - e).abs().max() / e.abs().max()) for name, e in truth_grads.items()}
+        for found in (grads, fp32_grads)
+    )
+    assert max(errors.values()) <= 1e-6, errors
+    assert 5 * sum(errors[n] for n in convolutions) <= sum(reference_errors[n] for n in convolutions)
+    with torch.no_grad():
+        assert pooled_convolutions(encoder, ids[:0]).shape == (0, sum(n for _, n in FILTERS))
+
+
 def _grouping(rows, inverse):
     """Which rows share an index, as a set of frozensets of row numbers."""
     groups = {}
@@ -931,7 +969,7 @@ def test_the_device_paths_copy_nothing_between_host_and_device(implementation):
 def test_cuda_inference_packs_rows_and_encodes_each_distinct_word_once(device, monkeypatch, exact_cuda_matmuls):
     # Without autograd the "cuda" implementation computes only the rows still reading at each step (longest first)
     # and each distinct word once; where autograd records (training), every row reads every step and the char CNN
-    # every position, the static shapes a recorded step needs. Both ways give the reference's vectors.
+    # every word, the static shapes a recorded step needs. Both ways give the reference's vectors.
     from hf_elmo import elmo_cuda, elmo_ops
 
     schedules, encoded_words = [], []
@@ -939,7 +977,10 @@ def test_cuda_inference_packs_rows_and_encodes_each_distinct_word_once(device, m
     monkeypatch.setattr(elmo_ops.ClippedLstmRecurrence, "apply", lambda gates, active, *rest: schedules.append((
         "every row" if active is not None else rest[-1], int(gates.any(-1).sum()))) or recurrence(gates, active, *rest))
     monkeypatch.setattr(elmo_cuda, "char_encoder_reference", lambda encoder, ids: encoded_words.append(
-        ids.shape[0]) or encode(encoder, ids))
+        ("distinct", ids.shape[0])) or encode(encoder, ids))
+    pool = elmo_cuda.pooled_convolutions
+    monkeypatch.setattr(elmo_cuda, "pooled_convolutions", lambda encoder, ids: encoded_words.append(
+        ("every position", ids.shape[0])) or pool(encoder, ids))
     model = make_model(seed=6).to(device)
     ids = make_batch([5, 2, 5, 3], seed=3, vocabulary=["the", "cat", "sat", "on", "a"]).to(device)
     with torch.no_grad():
@@ -949,8 +990,9 @@ def test_cuda_inference_packs_rows_and_encodes_each_distinct_word_once(device, m
     # Lengths 7, 4, 7, 5 with the sentence boundaries: 4 rows read steps 0-3, then 3, then 2; the input gates are
     # computed at those 23 positions per direction alone, the static shapes' at all 4 x 7.
     assert schedules == [((4, 4, 4, 4, 3, 2, 2), 2 * 23)] * 2 + [("every row", 2 * 4 * 7)] * 2
-    # 4 rows of 7 positions; 8 distinct words: the 5 of the vocabulary, the two boundaries and the padding word.
-    assert encoded_words == [8, 4 * 7]
+    # 8 distinct words (the 5 of the vocabulary, the two boundaries and the padding word), then 4 rows of 7 positions
+    # with the convolutions as one product.
+    assert encoded_words == [("distinct", 8), ("every position", 4 * 7)]
     for outputs in (packed, static):
         assert max_diff(outputs.hidden_states, reference.hidden_states) <= 1e-5
         assert max_diff(outputs.lstm_state, reference.lstm_state) <= 1e-5
@@ -1104,8 +1146,12 @@ def test_a_pretraining_step_on_the_cuda_implementation_matches_the_reference(dev
 def test_bf16_gradients_of_the_cuda_implementation_are_no_worse_than_the_references(device, exact_cuda_matmuls):
     # Issue 26's bar for bf16 gradients, against the fp32 ones, summed over eight models (one draw is a coin toss
     # between two roundings): over the biLSTM's parameters, where the implementations differ, the cuda
-    # implementation errs no more than the reference under autocast (its gate maths and cell state stay in fp32);
-    # every other parameter (char CNN, softmax: computed alike, fed by the two biLSTMs' outputs) within 10% of it.
+    # implementation errs no more than the reference under autocast (its gate maths and cell state stay in fp32).
+    # The filters and char embeddings: in bf16, distinct windows of a word tie at a filter's max; the reference's
+    # `amax` splits the gradient between them, the cuda implementation's one max (`elmo_ops.pooled_convolutions`)
+    # gives it to one. Against fp32 (one window, the true max) either errs; the sums measured 1.19x (embeddings)
+    # and 1.26x (filters) the reference's. Every other parameter (highways, projection, biases, softmax: computed
+    # alike, fed by the two biLSTMs' outputs) within 10% of it.
     errors = {"reference": {}, "cuda": {}}
     for seed in range(1, 9):
         model, ids, labels = pretraining_case(device, seed=seed, lengths=[12, 5, 9, 1], batch_seed=22 + seed)
@@ -1119,5 +1165,10 @@ def test_bf16_gradients_of_the_cuda_implementation_are_no_worse_than_the_referen
     bilstm = [name for name in reference if ".bilstm." in name]
     assert len(bilstm) == 16 and len(reference) == len(list(model.parameters()))
     assert 0 < sum(cuda[n] for n in bilstm) <= sum(reference[n] for n in bilstm)
-    assert all(cuda[n] <= 1.1 * reference[n] for n in reference if n not in bilstm), (cuda, reference)
+    ties = [name for name in reference
+            if name.endswith("char_embeddings.weight") or (".convolutions." in name and name.endswith(".weight"))]
+    assert len(ties) == 6
+    for group in (ties[:1], ties[1:]):
+        assert sum(cuda[n] for n in group) <= 1.5 * sum(reference[n] for n in group), (group, cuda, reference)
+    assert all(cuda[n] <= 1.1 * reference[n] for n in reference if n not in bilstm + ties), (cuda, reference)
     assert max(reference.values()) < 8 * 0.25  # bf16 keeps 8 bits; an error of a quarter would be a broken gradient
