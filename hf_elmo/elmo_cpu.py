@@ -24,7 +24,7 @@ from torch import nn
 
 from .cpu_tuning import few_column_matmul, step_columns
 from .configuration_elmo import ElmoImplementation, register
-from .elmo_ops import conv_kernel, longest_first, needs_autograd, packed_bilstm
+from .elmo_ops import conv_kernel, longest_first, max_over_positions, needs_autograd, packed_bilstm
 from .modeling_elmo import clip, fold_forget_bias, is_word_position, lstm_cell, stack_layers
 from .int8_weights import Int8Linear, RecurrenceProducts, has_bf16_dot_products
 
@@ -121,7 +121,8 @@ def _pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     is the same window, so the max needs only the windows starting before the run plus the first one inside
     it: a 5-byte word needs 8 of the 50 positions. Words are sorted by that count and chunked, and each chunk
     computes as many positions as its longest word (extra positions repeat the run's window, which does not
-    change the max). Each chunk is ONE matmul of every position's widest window (flattened) by all filters.
+    change the max). Each chunk is ONE matmul of every position's widest window (flattened) by all filters and
+    one max (`elmo_ops.max_over_positions`).
     """
     num_words, num_chars = char_ids.shape
     widths = [conv.kernel_size[0] for conv in encoder.convolutions]
@@ -143,15 +144,9 @@ def _pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
         ids = char_ids[order[start:end], : min(num_chars, positions + widest - 1)]
         chars = encoder.char_embeddings(ids)  # (words, chars, char_dim)
         chars = nn.functional.pad(chars, (0, 0, 0, positions + widest - 1 - chars.shape[1]))
-        windows = chars.unfold(1, widest, 1).transpose(2, 3).flatten(2)  # (words, positions, widest*char_dim)
-        features = (windows.flatten(0, 1) @ kernel).view(end - start, positions, -1)
-        chunk, column = features.new_empty(end - start, features.shape[-1]), 0
-        for conv, width in zip(encoder.convolutions, widths):
-            # Only positions where the filter lies inside the row are valid (a "valid" convolution).
-            valid = min(positions, num_chars - width + 1)
-            filters = slice(column, column + conv.out_channels)
-            chunk[:, filters] = features[:, :valid, filters].amax(dim=1)
-            column += conv.out_channels
+        # (words, positions, widest * char_dim), contiguous: the product then folds into one matmul.
+        windows = chars.unfold(1, widest, 1).transpose(2, 3).flatten(2).contiguous()
+        chunk = max_over_positions(encoder, windows @ kernel, num_chars)
         if pooled is None:
             pooled = chunk.new_empty(num_words, chunk.shape[-1])
         pooled.index_copy_(0, order[start:end], chunk)

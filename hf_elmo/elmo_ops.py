@@ -76,17 +76,32 @@ def pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     widths = [conv.kernel_size[0] for conv in encoder.convolutions]
     widest = max(widths)
     chars = torch.nn.functional.pad(encoder.char_embeddings(char_ids), (0, 0, 0, widest - 1))
-    windows = chars.unfold(1, widest, 1).transpose(2, 3).flatten(2)  # (words, chars, widest * char_dim)
+    # (words, chars, widest * char_dim), contiguous: the product then folds into one matmul, its own result.
+    windows = chars.unfold(1, widest, 1).transpose(2, 3).flatten(2).contiguous()
     features = windows @ conv_kernel(encoder)  # (words, chars, n_filters)
-    # The last valid position of each filter's column, from fills only: a host-to-device copy would sync, and a
-    # CUDA graph recording refuses it.
-    last_valid = torch.cat([
-        torch.full((conv.out_channels,), num_chars - width, device=features.device)
-        for conv, width in zip(encoder.convolutions, widths)
-    ])
-    positions = torch.arange(num_chars, device=features.device)[:, None]
-    features += features.new_zeros(features.shape[1:]).masked_fill_(positions > last_valid, float("-inf"))
-    return features.max(dim=1).values + torch.cat([conv.bias for conv in encoder.convolutions])
+    return max_over_positions(encoder, features, num_chars) + torch.cat([conv.bias for conv in encoder.convolutions])
+
+
+def max_over_positions(encoder, features: torch.Tensor, num_chars: int) -> torch.Tensor:
+    """
+    Each filter's max over the positions of `features` `(words, positions, n_filters)`, a product's own result
+    (window `p` of rows of `num_chars` chars at position `p`), where the filter lies inside the row (a "valid"
+    convolution): ONE max, after -inf is added in place where a filter reaches past the row, if any position does.
+    With autograd the max keeps its positions, so that its backward is one scatter, where `amax`'s compares,
+    counts, divides and multiplies per filter.
+    """
+    positions = features.shape[1]
+    widths = [conv.kernel_size[0] for conv in encoder.convolutions]
+    if positions > num_chars - max(widths) + 1:
+        # The last valid position of each filter's column, from fills only: a host-to-device copy would sync, and
+        # a CUDA graph recording refuses it.
+        last_valid = torch.cat([
+            torch.full((conv.out_channels,), num_chars - width, device=features.device)
+            for conv, width in zip(encoder.convolutions, widths)
+        ])
+        position = torch.arange(positions, device=features.device)[:, None]
+        features += features.new_zeros(features.shape[1:]).masked_fill_(position > last_valid, float("-inf"))
+    return features.max(dim=1).values if features.requires_grad else features.amax(dim=1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
