@@ -3,7 +3,8 @@ schedules of rows it runs (every row every step, or rows packed longest first): 
 (`elmo_cuda.py`) and the "cpu" one's with autograd (`elmo_cpu.py`). The LSTM maths itself (the step,
 clipping, the forget-bias fold, reversal, layer stacking, the output layout) is the model's (`modeling_elmo.py`),
 imported from there; this module adds the step's backward and the recurrence around it, and the char CNN's
-filters as one product (`conv_kernel`), pooled with static shapes in `pooled_convolutions`. Its products go through
+filters as one product (`conv_kernel`) and one max (`max_over_positions`), over every word and position in static
+shapes in `pooled_convolutions`. Its products go through
 `cpu_tuning.matmul` (oneDNN on CPUs where that measures faster; torch's own product elsewhere). It comes with
 `pip install hf-elmo`, not with a saved folder's code.
 """
@@ -48,7 +49,7 @@ def lstm_cell_backward(cell, activations, grad_cell, grad_cell_output, active, c
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The char CNN as one product: the im2col kernel (both implementations) and pooling with static shapes ("cuda")
+# The char CNN as one product and one max (both implementations); every word and position in static shapes ("cuda")
 # ---------------------------------------------------------------------------------------------------------------
 def conv_kernel(encoder) -> torch.Tensor:
     """All filters as one `(widest * char_dim, n_filters)` matrix, each zero-padded to the widest width."""
