@@ -6,10 +6,10 @@ was busy 36% of the step). Here the step is two functions with fixed shapes and 
 graphs on a GPU:
 
 - `accumulate(batch)`: the forward pass, the loss x `loss_scale` / `accumulation_steps` and its gradient
-  (`torch.autograd.grad`), added into one flat fp32 gradient buffer; returns the (loss, forward loss, backward
-  loss) of the batch, on the device. Once per micro-batch.
-- `update()`: bilm-tf's global-norm clip and Adagrad's update on the optimizer's own state, then the buffer zeroed;
-  returns the norm, on the device. Once per optimizer step.
+  (`torch.autograd.grad`), added into one flat fp32 gradient buffer (written, with one micro-batch a step);
+  returns the (loss, forward loss, backward loss) of the batch, on the device. Once per micro-batch.
+- `update()`: bilm-tf's global-norm clip and Adagrad's update on the optimizer's own state, then the buffer zeroed
+  where the next step adds to it; returns the norm, on the device. Once per optimizer step.
 
 With several processes the buffer is all-reduced once between the two (gradients summed, then divided by the number
 of processes inside `update`: the mean over processes that DDP takes). So each step is two graph replays, one
@@ -169,19 +169,32 @@ class CapturedTrainingStep:
             outputs = self.model(input_ids, attention_mask=attention_mask, labels=labels)
         loss = outputs.loss * (self.loss_scale / self.accumulation_steps)
         if self.every_row is not None:  # the full softmax: every row's gradient
+            grads = torch.autograd.grad(loss, [*self.dense_params, *self.table_params])
             with torch.no_grad():
-                torch._foreach_add_(self.grads, torch.autograd.grad(loss, self.params))
+                self._store(grads, [*self.dense_grads, *self.table_grads], self.flat_grad[: -len(self.rows_read)])
         else:
             softmax = self.model.softmax
             (ids, *gathered), softmax.gathered = softmax.gathered, None  # it holds the step's autograd graph
             *grads, weight_rows, bias_rows = torch.autograd.grad(loss, [*self.dense_params, *gathered])
             with torch.no_grad():
-                torch._foreach_add_(self.dense_grads, grads)
+                self._store(grads, self.dense_grads, self.dense_flat_grad)
                 # index_put_ sums a row read twice; unlike index_add_, deterministically on CUDA too.
                 for table_grad, rows_grad in zip(self.table_grads, (weight_rows, bias_rows)):
                     table_grad.index_put_((ids,), rows_grad, accumulate=True)
                 self.rows_read.index_fill_(0, ids, 1.0)
         return torch.stack([outputs.loss, outputs.forward_loss, outputs.backward_loss]).detach()
+
+    def _store(self, grads, views, span):
+        """
+        Put `grads` into the buffer's `views` (`span`: the part of the buffer they make up, in order): added, or,
+        with one micro-batch a step, written in one kernel, which `update` then need not zero: half the memory
+        traffic of zeroing and adding. The H100 run of 2026-11-28 lists 17 fp32 adds a step, most likely this
+        `_foreach_add_`: 0.62 ms of small's step and 1.78 ms of original's, slower than a copy of the same bytes.
+        """
+        if self.accumulation_steps == 1:
+            torch.cat([grad.reshape(-1) for grad in grads], out=span)
+        else:
+            torch._foreach_add_(views, grads)
 
     @torch.no_grad()
     def _update_eager(self):
@@ -221,10 +234,14 @@ class CapturedTrainingStep:
             if read is not None:
                 new = torch.where(read.view(-1, *(1,) * (new.dim() - 1)), new, old)
             table.index_copy_(0, rows, new)
-        # Zero what was used: the other gradients, the table's rows, the mask (the table's other rows are zero).
-        self.dense_flat_grad.zero_()
-        for grad in self.table_grads:
-            grad.index_fill_(0, rows, 0.0)
+        # Zero what was used and the next step only adds to: the other gradients, the table's rows (its other rows
+        # are zero), the mask. With one micro-batch a step, `_store` writes the other gradients whole, and the
+        # table's too with the full softmax.
+        if self.accumulation_steps > 1:
+            self.dense_flat_grad.zero_()
+        if self.accumulation_steps > 1 or self.every_row is None:
+            for grad in self.table_grads:
+                grad.index_fill_(0, rows, 0.0)
         self.rows_read.zero_()
         return norm
 
@@ -253,7 +270,8 @@ class CapturedTrainingStep:
             torch.distributed.all_reduce(self.flat_grad)
 
     def update(self) -> torch.Tensor:
-        """Clip, apply Adagrad, zero the buffer; the gradient norm before clipping, on the device."""
+        """Clip, apply Adagrad, zero the buffer where the next step adds to it; the gradient norm before clipping,
+        on the device."""
         with COMPILE_SETTINGS:
             return self._update().clone()
 
