@@ -157,9 +157,11 @@ class CapturedTrainingStep:
         self.dense_sums = [state[p]["sum"] for p in self.dense_params]
         self.table_sums = [state[p]["sum"] for p in self.table_params]
         self.state_steps = [state[p]["step"] for p in self.params]
-        # Tensors the graphs mutate keep their addresses across replays (CUDA graphs copy any other input).
-        for tensor in (*self.dense_sums, *self.table_sums, *self.state_steps, self.flat_grad, self.steps_done,
-                       self.first_bad_step):
+        # Tensors the graphs mutate keep their addresses across replays (CUDA graphs copy any other input). The
+        # buffer's views too: each reaches a graph as an input of its own, unmarked by the buffer's mark (torch.compile
+        # then skipped CUDA graphs for both graphs, "mutated inputs", on an H100 on 2026-11-28).
+        for tensor in (*self.dense_sums, *self.table_sums, *self.state_steps, self.flat_grad, *self.grads,
+                       self.dense_flat_grad, self.rows_read, self.steps_done, self.first_bad_step):
             torch._dynamo.mark_static_address(tensor)
 
     # -- the two graphs, as eager functions (what torch.compile traces) ---------------------------------------------

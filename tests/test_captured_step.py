@@ -253,6 +253,34 @@ def test_the_step_without_whole_compilation_is_one_eager_step_twice(device, monk
         assert step.cuda_graphs.failed is None and len(step.cuda_graphs.accumulate_graphs) == 1
 
 
+def test_the_graphs_take_every_buffer_they_change_as_a_static_input():
+    """torch.compile's CUDA graphs (inductor, reduce-overhead) skip a graph that changes an input whose address is
+    not marked static: both graphs, on an H100 on 2026-11-28 ("mutated inputs"), when the gradient buffer was
+    marked and its views were not. What Dynamo and AOTAutograd decided, from their own log on the CPU: every input
+    is static but the batch (copied into the graph's own tensors at each replay)."""
+    torch._dynamo.reset()
+    decisions = []
+    handler = logging.Handler()
+    handler.emit = lambda record: decisions.append(record.getMessage())
+    loggers = [logging.getLogger(f"torch.{module}.__cudagraph_static_inputs")
+               for module in ("_dynamo.variables.builder", "_functorch._aot_autograd.frontend_utils")]
+    torch._logging.set_logs(cudagraph_static_inputs=True)
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        step = captured(pretraining_model())
+        step.accumulate(encode([5, 3, 6, 1]))
+        step.update()
+    finally:
+        torch._logging.set_logs()
+        for logger in loggers:
+            logger.removeHandler(handler)
+    static = [m for m in decisions if m.startswith("Adding static input")]
+    others = sorted(re.sub(r"pos \d+ ", "", m) for m in decisions if m.startswith("Non-static input"))
+    assert any("grads[" in m for m in static) and any("rows_read" in m for m in static)
+    assert others == [f"Non-static input for source L['{name}']" for name in ("attention_mask", "input_ids", "labels")]
+
+
 def test_the_captured_step_refuses_what_it_cannot_run():
     model = pretraining_model()
     with pytest.raises(TypeError, match="one torch.optim.Adagrad"):
