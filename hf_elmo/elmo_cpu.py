@@ -24,7 +24,7 @@ from torch import nn
 
 from .cpu_tuning import few_column_matmul, step_columns
 from .configuration_elmo import ElmoImplementation, register
-from .elmo_ops import conv_kernel, longest_first, max_over_positions, needs_autograd, packed_bilstm
+from .elmo_ops import conv_kernel, longest_first, needs_autograd, packed_bilstm, pooled_windows
 from .modeling_elmo import clip, fold_forget_bias, is_word_position, lstm_cell, stack_layers
 from .int8_weights import Int8Linear, RecurrenceProducts, has_bf16_dot_products
 
@@ -122,11 +122,10 @@ def _pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     it: a 5-byte word needs 8 of the 50 positions. Words are sorted by that count and chunked, and each chunk
     computes as many positions as its longest word (extra positions repeat the run's window, which does not
     change the max). Each chunk is ONE matmul of every position's widest window (flattened) by all filters and
-    one max (`elmo_ops.max_over_positions`).
+    one max (`elmo_ops.pooled_windows`).
     """
     num_words, num_chars = char_ids.shape
-    widths = [conv.kernel_size[0] for conv in encoder.convolutions]
-    widest = max(widths)
+    widest = max(conv.kernel_size[0] for conv in encoder.convolutions)
     kernel = conv_kernel(encoder)
     # Positions needed per word: up to and including the first window that starts inside the trailing run.
     position = torch.arange(1, num_chars + 1, device=char_ids.device)
@@ -142,11 +141,7 @@ def _pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
             end += 1
         positions = needed[end - 1]
         ids = char_ids[order[start:end], : min(num_chars, positions + widest - 1)]
-        chars = encoder.char_embeddings(ids)  # (words, chars, char_dim)
-        chars = nn.functional.pad(chars, (0, 0, 0, positions + widest - 1 - chars.shape[1]))
-        # (words, positions, widest * char_dim), contiguous: the product then folds into one matmul.
-        windows = chars.unfold(1, widest, 1).transpose(2, 3).flatten(2).contiguous()
-        chunk = max_over_positions(encoder, windows @ kernel, num_chars)
+        chunk = pooled_windows(encoder, ids, positions, num_chars, kernel)
         if pooled is None:
             pooled = chunk.new_empty(num_words, chunk.shape[-1])
         pooled.index_copy_(0, order[start:end], chunk)

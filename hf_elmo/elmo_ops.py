@@ -3,7 +3,7 @@ schedules of rows it runs (every row every step, or rows packed longest first): 
 (`elmo_cuda.py`) and the "cpu" one's with autograd (`elmo_cpu.py`). The LSTM maths itself (the step,
 clipping, the forget-bias fold, reversal, layer stacking, the output layout) is the model's (`modeling_elmo.py`),
 imported from there; this module adds the step's backward and the recurrence around it, and the char CNN's
-filters as one product (`conv_kernel`) and one max (`max_over_positions`), over every word and position in static
+filters as one product (`conv_kernel`) and one max (`pooled_windows`), over every word and position in static
 shapes in `pooled_convolutions`. Its products go through
 `cpu_tuning.matmul` (oneDNN on CPUs where that measures faster; torch's own product elsewhere). It comes with
 `pip install hf-elmo`, not with a saved folder's code.
@@ -74,13 +74,23 @@ def pooled_convolutions(encoder, char_ids: torch.Tensor) -> torch.Tensor:
     between them: their windows being equal, every parameter's gradient is the same.
     """
     num_chars = char_ids.shape[1]
-    widths = [conv.kernel_size[0] for conv in encoder.convolutions]
-    widest = max(widths)
-    chars = torch.nn.functional.pad(encoder.char_embeddings(char_ids), (0, 0, 0, widest - 1))
-    # (words, chars, widest * char_dim), contiguous: the product then folds into one matmul, its own result.
+    pooled = pooled_windows(encoder, char_ids, num_chars, num_chars, conv_kernel(encoder))
+    return pooled + torch.cat([conv.bias for conv in encoder.convolutions])
+
+
+def pooled_windows(encoder, char_ids: torch.Tensor, positions: int, num_chars: int, kernel: torch.Tensor):
+    """
+    The max-pooled convolutions, before the bias, `(words, n_filters)`, of `char_ids`, rows of `num_chars` chars or
+    their first chars, at their first `positions` window positions: each position's widest window (im2col; the rows
+    zero-padded at their end) by `kernel` (`conv_kernel`'s) in ONE product, then `max_over_positions`.
+    """
+    widest = kernel.shape[0] // encoder.char_embeddings.embedding_dim
+    chars = encoder.char_embeddings(char_ids)  # (words, chars, char_dim)
+    chars = torch.nn.functional.pad(chars, (0, 0, 0, positions + widest - 1 - chars.shape[1]))
+    # (words, positions, widest * char_dim), contiguous: the product then folds into one matmul, a tensor of its own
+    # that `max_over_positions` may add to in place.
     windows = chars.unfold(1, widest, 1).transpose(2, 3).flatten(2).contiguous()
-    features = windows @ conv_kernel(encoder)  # (words, chars, n_filters)
-    return max_over_positions(encoder, features, num_chars) + torch.cat([conv.bias for conv in encoder.convolutions])
+    return max_over_positions(encoder, windows @ kernel, num_chars)
 
 
 def max_over_positions(encoder, features: torch.Tensor, num_chars: int) -> torch.Tensor:
