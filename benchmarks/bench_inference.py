@@ -28,6 +28,10 @@ the CPU model and its vector extensions (AVX2, AVX-512, avx512_bf16, AMX), the B
 built with, the GPU name on cuda, and versions. max_abs_diff_vs_reference: after timing, every batch is run
 again through the timed setup and through the "reference" implementation of an fp32 model on the same
 device, and the largest difference over all output layers is given (with --dtype bf16: the bf16 error).
+With --top-ops N, one more pass after timing runs under torch.profiler (bench_utils.profile_calls): per batch
+the N operators with the most self time and, on a GPU, the kernels run and launched, their GPU time and the
+GPU's busy fraction; gpu_busy_fraction_timed puts that GPU time over the timed passes' fastest batches, which
+the profiler did not slow: far below 1, the host's launches set the pace, not the GPU.
 
 --implementation picks the model's implementation: passed to model.set_elmo_implementation() where the model
 has that method ("auto" passes None: the model's own choice). Older models without it have two paths:
@@ -144,6 +148,11 @@ def main():
     run.add_argument("--cache-vocab", action="store_true",
                      help="turn on the model's token-vector cache, filled with the workload's words before timing")
     run.add_argument("--skip-check", action="store_true", help="skip the comparison with the reference implementation")
+    run.add_argument("--top-ops", type=int, default=0, metavar="N",
+                     help="after timing, one more pass under torch.profiler: the N operators taking the most self time "
+                          "per batch (on a GPU: kernels by GPU time, with kernels run and launched per batch, their GPU "
+                          "time, and the GPU's busy fraction, profiled and over the timed passes' fastest batches: "
+                          "far below 1, the host sets the pace; default: none)")
     run.add_argument("--save-first-batch", metavar="PATH",
                      help="also save every layer's word vectors for batch 0 with torch.save (to compare with the peer)")
     workload.add_timing_arguments(parser, repeats=5, wait_quiet=0.0)
@@ -212,10 +221,19 @@ def main():
 
         timing = bench_utils.time_passes(run_batch, len(inputs), args.repeats, parts,
                                          wait_quiet_s=args.wait_quiet, synchronize=synchronize)
+    speed = bench_utils.summarize(timing, sum(len(s) for s in sentences))
     peak_rss = bench_utils.proc_status_mib("VmHWM") if peak_restarted else None
     memory = {"rss_after_load_mib": rss_after_load, "peak_rss_mib": peak_rss}
     if cuda:
         memory.update(bench_utils.gpu_memory_peaks())
+    profile = {}
+    if args.top_ops:  # after the memory figures: the profiler holds its own
+        with torch.no_grad():
+            profile = bench_utils.profile_calls(run_batch, len(inputs), cuda, synchronize, top=args.top_ops,
+                                                per="batch")
+        if cuda:  # the profiler stretches the host's time, not the kernels'
+            profile["gpu_busy_fraction_timed"] = round(
+                profile["device_s_per_batch"] * len(inputs) / sum(speed["fastest_batch_s"]), 3)
 
     with torch.no_grad():
         if args.save_first_batch:
@@ -256,8 +274,9 @@ def main():
         "int8_kernel": next((m.kernel for m in model.modules() if hasattr(m, "weight_int8")), None),
         "device": args.device,
         "token_cache": args.cache_vocab,
-        **bench_utils.summarize(timing, sum(len(s) for s in sentences)),
+        **speed,
         "max_abs_diff_vs_reference": max_diff,
+        **profile,
         "params": sum(p.numel() for p in model.parameters()),
         "load_s": round(load_s, 3),
         "char_ids_s": round(char_ids_s, 3),

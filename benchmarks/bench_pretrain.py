@@ -143,30 +143,14 @@ def pretraining_run(args, text: str, vocab_words: list[str], workdir: str):
 
 def operator_profile(run, window, steps: int, top: int, sync) -> dict:
     """
-    `steps` more optimizer steps under torch.profiler: the `top` operators by self time per step (`top_ops_per_step`;
-    on a GPU the kernels by device time, those replayed inside a CUDA graph included) and, on a GPU, the kernels run
-    per step and the fraction of the wall time the GPU was busy. The 2026-11-27 H200 report measured the recorded
-    step's busy fraction in fp32 only; this is the same figure for the step and the text of a pretraining run.
+    `steps` more optimizer steps under torch.profiler (`bench_utils.profile_calls`): the `top` operators by self time
+    per step (`top_ops_per_step`; on a GPU the kernels by GPU time, those replayed inside a CUDA graph included) and,
+    on a GPU, the kernels run and launched per step, their GPU time and the fraction of the wall time the GPU was
+    busy. The 2026-11-27 H200 report measured the recorded step's busy fraction in fp32 only; this is the same
+    figure for the step and the text of a pretraining run.
     """
-    from torch.profiler import ProfilerActivity, profile
-
-    on_gpu = run.accelerator.device.type == "cuda"
-    sync()
-    began = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])) as profiler:
-        for _ in range(steps):
-            run.optimizer_step(window)
-        sync()
-    wall = time.perf_counter() - began
-    own_time = (lambda row: row.self_device_time_total) if on_gpu else (lambda row: row.self_cpu_time_total)
-    rows = sorted(profiler.key_averages(), key=own_time, reverse=True)[:top]
-    result = {"top_ops_per_step": [{"op": row.key, "self_ms": round(own_time(row) / 1000 / steps, 2),
-                                    "calls": round(row.count / steps, 1)} for row in rows]}
-    if on_gpu:
-        kernels = [event for event in profiler.events() if event.device_type == torch.autograd.DeviceType.CUDA]
-        result["kernels_per_step"] = round(len(kernels) / steps, 1)
-        result["gpu_busy_fraction"] = round(sum(event.device_time for event in kernels) / 1e6 / wall, 3)
-    return result
+    return bench_utils.profile_calls(lambda _: run.optimizer_step(window), steps, run.accelerator.device.type == "cuda",
+                                     sync, top=top, per="step")
 
 
 def run_peer(args, files: list[str], splitter, vocab_words: list[str], workdir: str) -> dict:
@@ -329,8 +313,9 @@ def main():
     parser.add_argument("--profile-steps", type=int, default=3, help="steps of the profiling pass")
     parser.add_argument("--top-ops", type=int, default=0, metavar="N",
                         help="also profile --profile-steps more steps with torch.profiler and report the N operators "
-                             "taking the most self time (on a GPU: kernels by GPU time, with kernels per step and the "
-                             "GPU's busy fraction; default: none)")
+                             "taking the most self time (on a GPU: kernels by GPU time, with kernels run and launched "
+                             "per step, their GPU time and the GPU's busy fraction, profiled and over the timed steps' "
+                             "wall; default: none)")
     parser.add_argument("--num-workers", type=int, default=2, help="DataLoader workers (default: %(default)s)")
     parser.add_argument("--pipeline-epochs", type=int, default=3,
                         help="epochs of the text read by the pipeline-only measure (default: %(default)s)")
@@ -442,6 +427,12 @@ def main():
             for name, seconds in sections.split().items():
                 split[name] = split.get(name, 0.0) + seconds
         top_ops = operator_profile(run, window, args.profile_steps, args.top_ops, sync) if args.top_ops else None
+        if top_ops and top_ops["device_s_per_step"] is not None and elapsed:
+            # The profiled steps' GPU time over the timed steps' wall: the profiler and the sections' synchronisations
+            # stretch the host's time, not the kernels' (the H100 run of 2026-11-28: 0.37-0.42 profiled, 0.67 for
+            # the recorded step's own replay).
+            top_ops["gpu_busy_fraction_timed"] = round(
+                top_ops["device_s_per_step"] * (args.steps - steps_that_compiled) / elapsed, 3)
         phase("profile")
         sparse_softmax = bool(accelerator.unwrap_model(run.model).softmax.sparse)
         run.batches = None  # stops the workers

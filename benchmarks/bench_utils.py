@@ -295,3 +295,55 @@ def summarize(timing: dict, n_words: int) -> dict:
         "busy_before_passes": timing["busy_before_passes"],
     }
 
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Profiling: where a step's or a batch's time goes
+# ---------------------------------------------------------------------------------------------------------------
+# The CUDA runtime calls that start work on the GPU from the host: one per kernel, one per CUDA graph replay.
+_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+
+
+def profile_keys(per: str) -> tuple[str, ...]:
+    """The keys `profile_calls(..., per=per)` returns."""
+    return (f"wall_s_per_{per}", f"aten_ops_per_{per}", f"kernels_per_{per}", f"kernel_launches_per_{per}",
+            f"graph_replays_per_{per}", f"device_s_per_{per}", "gpu_busy_fraction", f"top_ops_per_{per}")
+
+
+def profile_calls(run, calls: int, on_gpu: bool, synchronize=None, top: int = 0, per: str = "call") -> dict:
+    """
+    `run(i)` for i in range(calls) under torch.profiler, between two synchronisations; per call (`per` names it):
+    the profiled wall time (the profiler's own host work included: it stretches the wall, not the kernels); the
+    aten operator calls, nested ones included (what a CPU can count where a GPU counts kernels); on a GPU
+    the kernels run, the kernel launches from the host (a CUDA graph replay counting one, its kernels not), the graph
+    replays and the kernels' summed GPU time, and over all calls the fraction of the wall time the GPU was busy
+    (`gpu_busy_fraction`, from those). With `top`, the `top` operators by self time (on a GPU the kernels by GPU time,
+    those replayed inside CUDA graphs included). Figures a CPU cannot give are None.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    synchronize = synchronize or (lambda: None)
+    synchronize()
+    began = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])) as profiler:
+        for index in range(calls):
+            run(index)
+        synchronize()
+    wall = time.perf_counter() - began
+    events = profiler.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA] if on_gpu else None
+    launches = [e for e in events if e.name in _LAUNCH_CALLS] if on_gpu else None
+    device_s = sum(e.device_time for e in kernels) / 1e6 if on_gpu else None
+    per_call = lambda count: None if count is None else round(count / calls, 1)  # noqa: E731
+    values = [round(wall / calls, 6), per_call(sum(1 for e in events if e.name.startswith("aten::"))),
+              per_call(None if kernels is None else len(kernels)), per_call(None if launches is None else len(launches)),
+              per_call(None if launches is None else sum(1 for e in launches if e.name == "cudaGraphLaunch")),
+              None if device_s is None else round(device_s / calls, 6),
+              None if device_s is None else round(device_s / wall, 3)]
+    result = dict(zip(profile_keys(per), values))
+    if top:
+        own_time = (lambda row: row.self_device_time_total) if on_gpu else (lambda row: row.self_cpu_time_total)
+        rows = sorted(profiler.key_averages(), key=own_time, reverse=True)[:top]
+        result[f"top_ops_per_{per}"] = [{"op": row.key, "self_ms": round(own_time(row) / 1000 / calls, 2),
+                                         "calls": round(row.count / calls, 1)} for row in rows]
+    return result

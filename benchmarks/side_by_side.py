@@ -21,7 +21,8 @@ state is reset first): it shows that both computed the same function.
 Output: each child's full JSON line goes to stderr as it finishes (and to --runs FILE if given); stdout gets
 ONE JSON line: per config the tokens/s of each side in each round, the ratio per round, the ratio of the
 medians and the smallest ratio, each side's largest peak RSS, the split of time, distinct words per batch,
-the CPU model with its vector extensions and the BLAS, the date (UTC) and the machine's load.
+the CPU model with its vector extensions and the BLAS, the date (UTC) and the machine's load; with --top-ops N,
+hf_elmo's first run profiled (`hf_elmo_profile`: on a GPU, whether the GPU or the host sets its pace).
 
 The AllenNLP side needs nothing besides this project's requirements: it fetches the allennlp 0.9.0 wheel with pip
 on first use (or give --wheel). Timings are only comparable within one run: other processes on the machine move
@@ -55,6 +56,7 @@ for _path in (HERE, REPO):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
+import bench_utils  # noqa: E402
 import random_bilm  # noqa: E402
 import workload  # noqa: E402
 
@@ -101,6 +103,9 @@ def main():
     parser.add_argument("--cache-dir", default=random_bilm.default_dir(),
                         help="random weights, converted folders, workload files (default $HF_ELMO_BENCH_CACHE or "
                              "~/.cache/hf_elmo_bench)")
+    parser.add_argument("--top-ops", type=int, default=0, metavar="N",
+                        help="hf_elmo's first run also profiles one pass (bench_inference.py --top-ops N): its N top "
+                             "operators and, on a GPU, its kernels and busy fraction, as `hf_elmo_profile`")
     parser.add_argument("--runs", metavar="FILE", help="also append every child's JSON line to FILE")
     args = parser.parse_args()
     sentences, source_name = workload.sentences_from_args(parser, args)
@@ -149,7 +154,9 @@ def main():
             order = sides[round_index % len(sides):] + sides[: round_index % len(sides)]
             for side in order:
                 saved = {"peer": peer_out, "ours": ours_out}.get(side) if first else None
-                runs[side].append(run_json(commands[side] + (["--save-first-batch", saved] if saved else []), log))
+                profiled = first and side == "ours" and args.top_ops
+                runs[side].append(run_json(commands[side] + (["--save-first-batch", saved] if saved else [])
+                                           + (["--top-ops", str(args.top_ops)] if profiled else []), log))
             if len({runs[side][-1]["workload_sha1"] for side in sides}) != 1:
                 sys.exit(f"side_by_side: the sides read different words "
                          f"({[runs[side][-1]['workload_sha1'] for side in sides]})")
@@ -168,6 +175,9 @@ def main():
             **({"peak_gpu_memory_mib_max": {"hf_elmo": max(o["peak_gpu_memory_mib"] for o in ours),
                                             "allennlp": max(p["peak_gpu_memory_mib"] for p in peers)}}
                if args.device == "cuda" else {}),
+            **({"hf_elmo_profile": {key: ours[0][key] for key in (*bench_utils.profile_keys("batch"),
+                                                                  "gpu_busy_fraction_timed") if key in ours[0]}}
+               if args.top_ops else {}),
             "max_abs_diff_vs_reference": max(o["max_abs_diff_vs_reference"] or 0 for o in ours),
             "max_abs_diff_vs_allennlp": max_layer_difference(peer_out, ours_out),
             "cpu_over_wall_median": {"hf_elmo": statistics.median(x for o in ours for x in o["cpu_over_wall"]),
