@@ -303,6 +303,23 @@ def onednn_trains(tensor: torch.Tensor) -> bool:
     return _ONEDNN_TRAINS[threads]
 
 
+def training_products_choice() -> dict | None:
+    """This process's `onednn_trains` choice at its thread count, for a checkpoint (`{"threads": n, "onednn": bool}`),
+    or None where it made none (no product large enough yet, `HF_ELMO_CPU_TUNING=fixed`, no oneDNN)."""
+    threads = torch.get_num_threads()
+    return {"threads": threads, "onednn": _ONEDNN_TRAINS[threads]} if threads in _ONEDNN_TRAINS else None
+
+
+def keep_training_products_choice(choice: dict) -> None:
+    """Take a checkpoint's `training_products_choice` instead of measuring: a resumed run then rounds its products
+    as the run it continues did (measured again, the choice flipped under load between a run and its resumption on
+    a 2-core Zen 4, whose BLAS and oneDNN timed 24.2 and 24.5 ms in one process, 27.4 and 12.7 ms in another)."""
+    threads, onednn = choice["threads"], choice["onednn"]
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1 or not isinstance(onednn, bool):
+        raise ValueError(f"cpu_products must hold a thread count >= 1 and true or false, got {choice!r}")
+    _ONEDNN_TRAINS[threads] = onednn
+
+
 def onednn_multiplies(tensor: torch.Tensor, macs: int) -> bool:
     """Whether a product of `macs` multiply-adds with operands like `tensor` goes to oneDNN: at least
     `MIN_ONEDNN_MACS` of them, and `onednn_trains`."""

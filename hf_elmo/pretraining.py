@@ -625,7 +625,7 @@ class PretrainingRun:
         if self.resume_from:
             # Last, so that nothing between loading and the first batch draws from the restored generators.
             rng_file = os.path.join(self.resume_from, RNG_STATE_FILE.format(rank=accelerator.process_index))
-            set_rng_state(read_json(rng_file), accelerator.device)
+            set_rng_state(read_json(rng_file), accelerator.device, rng_file)
 
     def next_batch(self) -> tuple[dict, int]:
         """The next batch on the device, and its predictions per direction."""

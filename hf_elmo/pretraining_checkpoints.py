@@ -18,6 +18,7 @@ import shutil
 import numpy as np
 import torch
 
+from .cpu_tuning import keep_training_products_choice, training_products_choice
 from .run_record import differences
 from .safe_output import atomic_files_into, no_room_reported, remove_stale_file_staging, write_json_atomic
 
@@ -143,7 +144,9 @@ def word_list_digest(words: list[str]) -> str:
 def rng_state(device: torch.device) -> dict:
     """
     Every generator the training step may draw from, as JSON: the host's, and this process's GPU's when it trains
-    on one (only its own: touching every visible GPU would open a CUDA context on each, or fail on a CPU run).
+    on one (only its own: touching every visible GPU would open a CUDA context on each, or fail on a CPU run); and,
+    where this process measured it, whether its training products run on oneDNN (`cpu_products`,
+    `cpu_tuning.training_products_choice`): with the generators, what a resumed process needs to compute as this one.
     """
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
@@ -154,10 +157,13 @@ def rng_state(device: torch.device) -> dict:
     }
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device).numpy().tobytes().hex()
+    if (choice := training_products_choice()) is not None:
+        state["cpu_products"] = choice
     return state
 
 
-def set_rng_state(state: dict, device: torch.device) -> None:
+def set_rng_state(state: dict, device: torch.device, source: str) -> None:
+    """Restore `rng_state`'s `state`, read from the file `source` (named where it is not usable)."""
     try:
         version, internal, gauss = state["python"]
         random.setstate((version, tuple(internal), gauss))
@@ -172,8 +178,10 @@ def set_rng_state(state: dict, device: torch.device) -> None:
             logger.warning("--resume: the checkpoint was written %s CUDA and this run has %s: the CUDA generator "
                            "starts afresh, so the run will not repeat an uninterrupted one exactly.",
                            "with" if "cuda" in state else "without", "it" if on_cuda else "none")
+        if "cpu_products" in state:
+            keep_training_products_choice(state["cpu_products"])
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
-        raise CheckpointError(f"--resume: the checkpoint's random generator state is not usable ({error}).") from None
+        raise CheckpointError(f"--resume: {source} is not usable ({error}).") from None
 
 
 # The fields of training_state.json that a resumed run reads as counts, and the least value each may hold.

@@ -1167,6 +1167,30 @@ def test_sigkilled_run_resumes_identically(two_process_run, trained, corpus):
         (reference_dir / "eval_results.json").read_text())
 
 
+def test_a_checkpoint_keeps_its_processs_choice_of_training_products(monkeypatch):
+    from hf_elmo import cpu_tuning
+    from hf_elmo.pretraining_checkpoints import CheckpointError, rng_state, set_rng_state
+
+    cpu, threads = torch.device("cpu"), torch.get_num_threads()
+    monkeypatch.delenv(cpu_tuning.TUNING_VARIABLE, raising=False)
+    monkeypatch.setattr(cpu_tuning, "_ONEDNN_TRAINS", {threads: True})  # as the interrupted run measured
+    state = json.loads(json.dumps(rng_state(cpu)))  # through JSON, as the checkpoint holds it
+    assert state["cpu_products"] == {"threads": threads, "onednn": True}
+    # The resumed process takes it, and measures nothing.
+    monkeypatch.setattr(cpu_tuning, "_ONEDNN_TRAINS", {})
+    monkeypatch.setattr(cpu_tuning, "_onednn_is_faster_for_training", lambda: pytest.fail("measured again"))
+    set_rng_state(state, cpu, "rng_state_0.json")
+    assert cpu_tuning.training_products_choice() == {"threads": threads, "onednn": True}
+    assert cpu_tuning.onednn_trains(torch.empty(1)) == cpu_tuning.has_onednn_linear(torch.empty(1))
+    # A process that made no choice records none; a damaged one is one line naming the file.
+    monkeypatch.setattr(cpu_tuning, "_ONEDNN_TRAINS", {})
+    assert "cpu_products" not in rng_state(cpu)
+    for damaged in ({"threads": "two", "onednn": True}, {"threads": 2, "onednn": 1}, {"onednn": True}, [2, True]):
+        with pytest.raises(CheckpointError, match=r"^--resume: rng_state_0.json is not usable \(") as caught:
+            set_rng_state({**state, "cpu_products": damaged}, cpu, "rng_state_0.json")
+        assert "\n" not in str(caught.value) and not cpu_tuning._ONEDNN_TRAINS
+
+
 def _streaming_command(corpus, folder, output, *extra):
     return [sys.executable, "-m", "hf_elmo.cli", "pretrain", "--dataset-name", str(folder), "--streaming",
             "--config", str(corpus / "tiny.json"), "--output-dir", str(output), "--vocab", str(folder / "vocab.txt"),
@@ -1193,7 +1217,10 @@ def test_a_sigkilled_streaming_run_resumes_to_the_uninterrupted_runs_weights(cor
                                                     encoding="utf-8")
     words = Counter(w for r in records if r["text"] for w in r["text"].split())
     write_vocab(build_vocab(words), str(folder / "vocab.txt"))
-    env = {**_env(), "HF_ELMO_CACHE": str(tmp_path / "cache")}
+    # Two runs started apart, compared bit for bit: each would time oneDNN against the BLAS for itself, and under
+    # load the two chose differently (3 failures in 9 on a busy 2-core VM). A resumed run takes the interrupted
+    # run's choice from its checkpoint (test_a_checkpoint_keeps_its_processs_choice_of_training_products).
+    env = {**_env(), "HF_ELMO_CACHE": str(tmp_path / "cache"), "HF_ELMO_CPU_TUNING": "fixed"}
 
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     with ThreadPoolExecutor(max_workers=1) as pool:  # the uninterrupted run beside the one to be killed
