@@ -167,14 +167,20 @@ def _step_forward(input_gates, recurrent_gates, cell, active, cell_clip: float, 
     return activations if keep_activations else None, new_cell, cell_output.to(recurrent_gates.dtype)
 
 
-@_compiled
-def _projection_forward(projected, hidden, active, proj_clip: float):
+def _projection_output(projected, hidden, active, proj_clip: float):
     """The clipped projection -> the new hidden state (changed only where `active`) and the step's output (fp32,
     zero where not active)."""
     output = clip(projected.float(), proj_clip)
     if active is None:
         return output.to(hidden.dtype), output
     return torch.where(active, output.to(hidden.dtype), hidden), output * active
+
+
+# Compiled where every row reads every step (training). With packed rows (inference, `active` None) the function
+# is one clamp in fp32 (three kernels in bf16), and calling it as it is costs the host less than a compiled call
+# (Dynamo's guards, inductor's launcher): on the CPU with tiny weights, so that only the host's work is left, the
+# biLSTM of the Wikipedia sample in batches of 256 took 253 us a layer-step with it compiled, 193 without.
+_projection_forward = _compiled(_projection_output)
 
 
 @_compiled
@@ -245,6 +251,7 @@ class ClippedLstmRecurrence(torch.autograd.Function):
         cell, hidden = cell.clone(), hidden.clone()
         saved = {name: [] for name in SAVED_PER_STEP}
         training = any(ctx.needs_input_grad)
+        project = _projection_forward if rows_at is None else _projection_output
         for t, rows in enumerate(schedule):
             if rows == 0:
                 break
@@ -255,7 +262,7 @@ class ClippedLstmRecurrence(torch.autograd.Function):
                 input_gates[t, :, :rows], matmul(hidden, recurrent), cell, step_active, cell_clip, training
             )
             projected = matmul(cell_output, projection)
-            new_hidden, step_output = _projection_forward(projected, hidden, step_active, proj_clip)
+            new_hidden, step_output = project(projected, hidden, step_active, proj_clip)
             if outputs is None:
                 step_outputs.append(step_output)
             else:
