@@ -255,6 +255,31 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
     assert profile["kernels_per_batch"] is None and "gpu_busy_fraction_timed" not in profile
 
 
+def test_gpu_proxies_count_a_captured_steps_operators_and_time_the_packed_steps_host_work():
+    command = [sys.executable, str(BENCHMARKS / "gpu_proxies.py"), "--config", "tiny", "--rows", "4", "--words", "8",
+               "--vocab-size", "300", "--negatives", "64", "--synthetic", "--n-sentences", "8", "--batch-size", "4",
+               "--backend", "eager", "--repeats", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    ops = result["step_ops"]
+    assert list(ops["by_phase"]) == ["forward", "backward", "store", "update"] and ops["total"] == sum(
+        ops["by_phase"].values())
+    # Every row reads every step (static shapes): each of the 2 layers' fused kernels once a step, over the 8 padded
+    # words and <S>, </S>.
+    steps = 2 * (ops["words_padded"] + 2)
+    assert ops["words_padded"] == 8 and ops["top_by_phase"]["forward"]["_step_forward"] == steps
+    assert ops["top_by_phase"]["backward"]["_step_backward"] == steps
+    # The clip runs on flat tensors: a few where()s, not one per parameter.
+    assert ops["top_by_phase"]["update"]["where.self"] < ops["parameters"] / 2
+    # Packed inference: each batch computes up to its longest sentence (+ <S>, </S>), both layers.
+    sentences = workload.synthetic_sentences(8)
+    longest = [max(len(s) for s in batch) for batch in workload.batches(sentences, 4)]
+    host = result["packed_host"]
+    assert host["layer_steps_per_batch"] == sum(2 * (n + 2) for n in longest) / len(longest)
+    assert host["bilstm_us_per_layer_step"] > host["calls_us_per_layer_step"]["_step_forward"] > 0
+
+
 def test_gpu_report_names_a_synchronising_call_by_its_python_call_site():
     # host_syncs (CUDA only) records where each sync came from: the innermost frames, this file's own first.
     import traceback
