@@ -202,7 +202,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     step = parser.add_argument_group("step_ops: one captured training step")
-    step.add_argument("--config", choices=["tiny", "small", "original"], default="small")
+    step.add_argument("--config", choices=["tiny", "small", "original"], default="small",
+                      help="the biLM's widths: a tiny one, or a published shape (default small)")
     step.add_argument("--rows", type=int, default=128, help="sentences in the step (default 128)")
     step.add_argument("--words", type=int, default=24, help="the longest sentence, in words (default 24)")
     step.add_argument("--vocab-size", type=int, default=15719, help="softmax rows (default 15719)")

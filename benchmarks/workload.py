@@ -134,8 +134,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--text", metavar="FILE", help="one sentence per line (default: the Wikipedia sample)")
     source.add_argument("--synthetic", action="store_true", help="the earlier 200-word-list sentences instead")
     group.add_argument("--pretokenized", action="store_true", help="--text is already split into words by spaces")
-    group.add_argument("--n-sentences", type=int, default=64, help="sentences to time (default 64)")
-    group.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
+    group.add_argument("--n-sentences", type=int, default=64, help="sentences to time (default %(default)s)")
+    group.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default %(default)s)")
 
 
 def sentences_from_args(parser: argparse.ArgumentParser, args) -> tuple[list[list[str]], str]:
@@ -151,7 +151,7 @@ def add_timing_arguments(parser, repeats: int, wait_quiet: float | None = None) 
     """The timing options the benchmarks share: CPU threads, timed passes, and (where given) waiting for quiet
     (`bench_utils.time_passes`). Here, not in bench_utils, so that a parent process parses them without torch."""
     group = parser.add_argument_group("timing")
-    group.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, CPU threads (default 2)")
+    group.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, CPU threads (default %(default)s)")
     group.add_argument("--repeats", type=int, default=repeats,
                        help=f"timed passes; each batch counts at its fastest (default {repeats})")
     if wait_quiet is not None:
