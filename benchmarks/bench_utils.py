@@ -181,6 +181,15 @@ def wait_until_quiet(timeout_s: float, threshold: float = 0.15) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# A tiny biLM
+# ---------------------------------------------------------------------------------------------------------------
+# The widths of the GPU benchmarks' tiny biLM (`gpu_report.py --smoke`, `gpu_proxies.py --config tiny`), as
+# `ElmoConfig`'s keyword arguments (hf_elmo is not imported here).
+TINY_BILM = dict(char_filters=[[1, 4], [2, 4], [3, 8]], n_highway=1, char_embedding_dim=4, lstm_dim=24,
+                 projection_dim=8, cell_clip=3.0, proj_clip=3.0, num_lstm_layers=2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------------------------------
 class PartTimer:
@@ -296,7 +305,6 @@ def summarize(timing: dict, n_words: int) -> dict:
     }
 
 
-
 # ---------------------------------------------------------------------------------------------------------------
 # Profiling: where a step's or a batch's time goes
 # ---------------------------------------------------------------------------------------------------------------
@@ -336,7 +344,8 @@ def profile_calls(run, calls: int, on_gpu: bool, synchronize=None, top: int = 0,
     device_s = sum(e.device_time for e in kernels) / 1e6 if on_gpu else None
     per_call = lambda count: None if count is None else round(count / calls, 1)  # noqa: E731
     values = [round(wall / calls, 6), per_call(sum(1 for e in events if e.name.startswith("aten::"))),
-              per_call(None if kernels is None else len(kernels)), per_call(None if launches is None else len(launches)),
+              per_call(None if kernels is None else len(kernels)),
+              per_call(None if launches is None else len(launches)),
               per_call(None if launches is None else sum(1 for e in launches if e.name == "cudaGraphLaunch")),
               None if device_s is None else round(device_s / calls, 6),
               None if device_s is None else round(device_s / wall, 3)]

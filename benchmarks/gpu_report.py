@@ -82,7 +82,7 @@ sys.path.insert(0, BENCHMARKS)
 
 import torch  # noqa: E402
 
-from bench_utils import machine_description, profile_calls  # noqa: E402
+from bench_utils import TINY_BILM, machine_description, profile_calls  # noqa: E402
 from hf_elmo import elmo_ops  # noqa: E402
 from hf_elmo.configuration_elmo import ElmoConfig  # noqa: E402
 from hf_elmo.modeling_elmo import ElmoForPreTraining, ElmoModel  # noqa: E402
@@ -93,8 +93,6 @@ from workload import synthetic_sentences  # noqa: E402
 
 
 BILM_TF_1B_WORD_VOCAB = 793471
-TINY = dict(char_filters=[[1, 4], [2, 4], [3, 8]], n_highway=1, char_embedding_dim=4, lstm_dim=24, projection_dim=8,
-            cell_clip=3.0, proj_clip=3.0, num_lstm_layers=2)
 
 
 class Setting:
@@ -112,7 +110,7 @@ class Setting:
 
     def config(self, **extra) -> ElmoConfig:
         if self.smoke:
-            return ElmoConfig(**TINY, **extra)
+            return ElmoConfig(**TINY_BILM, **extra)
         return ElmoConfig.from_preset("original", **extra)
 
     def batch(self, rows: int | None = None, words: tuple[int, int] | None = None, seed: int = 0):
@@ -516,9 +514,9 @@ def pretraining(setting: Setting) -> dict:
                                                                  (["--config", "original"], big),
                                                                  (["--config", "original"], []))]
     keep = ("config", "vocab_size", "training_step", "softmax_gradient", "tokens_per_s", "steps_that_compiled",
-            "compile_s", "graphs", "peak_memory_mib", "split_s_per_step", "kernels_per_step", "kernel_launches_per_step",
-            "device_s_per_step", "gpu_busy_fraction", "gpu_busy_fraction_timed", "top_ops_per_step", "phases_s", "error",
-            "args", "wall_s")
+            "compile_s", "graphs", "peak_memory_mib", "split_s_per_step", "kernels_per_step",
+            "kernel_launches_per_step", "device_s_per_step", "gpu_busy_fraction", "gpu_busy_fraction_timed",
+            "top_ops_per_step", "phases_s", "error", "args", "wall_s")
     lines = benchmark_lines("bench_pretrain.py", runs, setting.deadline)
     return {"runs": [{k: v for k, v in line.items() if k in keep} for line in lines]}
 

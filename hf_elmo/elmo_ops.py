@@ -178,8 +178,8 @@ def _projection_output(projected, hidden, active, proj_clip: float):
 
 # Compiled where every row reads every step (training). With packed rows (inference, `active` None) the function
 # is one clamp in fp32 (three kernels in bf16), and calling it as it is costs the host less than a compiled call
-# (Dynamo's guards, inductor's launcher): on the CPU with tiny weights, so that only the host's work is left, the
-# biLSTM of the Wikipedia sample in batches of 256 took 253 us a layer-step with it compiled, 193 without.
+# (Dynamo's guards, inductor's launcher): `benchmarks/gpu_proxies.py` (the host's work alone, on the CPU) measured
+# the projection at 26.5 us a layer-step compiled and 5.6 us called as it is, the biLSTM at 212 and 187 us.
 _projection_forward = _compiled(_projection_output)
 
 
