@@ -47,7 +47,8 @@ from hf_elmo.pretraining_data import BatchEncoder  # noqa: E402
 
 
 # The recurrence's element-wise kernels, one compiled kernel each on a GPU.
-FUSED_KERNELS = ("_step_forward", "_projection_forward", "_projection_backward", "_step_backward", "_hidden_gradient")
+FUSED_KERNELS = ("_step_forward", "_projection_forward", "_projection_backward", "_step_backward", "_hidden_gradient",
+                 "_hidden_and_projection_backward")
 # Operators that launch no kernel.
 NO_KERNEL = ("detach.default", "empty.memory_format", "empty_strided.default", "_unsafe_view.default",
              "lift_fresh.default")

@@ -210,6 +210,15 @@ def _hidden_gradient(grad_hidden, through_gates, active):
     return torch.where(active, 0.0, grad_hidden) + through_gates.float()
 
 
+@_compiled
+def _hidden_and_projection_backward(grad_hidden, through_gates, active, projected, grad_output, previous_active,
+                                    proj_clip: float):
+    """`_hidden_gradient` at a step and `_projection_backward` at the step before it, which reads that gradient:
+    one kernel where every row reads every step (static shapes), where they were two a step on a GPU."""
+    grad_hidden = _hidden_gradient(grad_hidden, through_gates, active)
+    return grad_hidden, _projection_backward(projected, grad_output, grad_hidden, previous_active, proj_clip)
+
+
 # What the forward keeps of each step for the backward: `lstm_cell`'s activations, the state before the step, the
 # cell's output and the unclipped projection.
 ACTIVATIONS = ("in_gates", "candidates", "forget_gates", "out_gates", "tanh_cells")  # as `lstm_cell` returns them
@@ -293,38 +302,53 @@ class ClippedLstmRecurrence(torch.autograd.Function):
         # The gradients of each row's state after the last step computed so far (going back): a row that does not
         # read a step passes its gradient on unchanged.
         grad_cell, grad_hidden = grad_final_cell.float().clone(), grad_final_hidden.float().clone()
-        # Laid out direction-major, as the input products lay out their result (a batched matmul per direction):
-        # their backward then reads each direction's positions as they lie, where a time-major gradient was first
-        # copied (about 30 ms per layer of a batch of 100-word sentences, recipe config, 2 CPU threads).
         num_steps, directions, num_rows = grad_outputs.shape[:3]
-        grad_input_gates = grad_outputs.new_zeros(directions, num_steps, num_rows, recurrent.shape[-1],
-                                                  dtype=torch.float32).transpose(0, 1)
-        grad_gates, grad_projected = [None] * ctx.steps, [None] * ctx.steps
-        # Eager, each step's gradient of the gates is written into its place in the result (a copy fewer per step);
-        # a compiled kernel returns a tensor of its own, copied there.
-        into_result = grad_outputs.device.type not in COMPILED_DEVICE_TYPES and not torch.compiler.is_compiling()
+        # Every row every step (static shapes): each step's gradient of the gates is kept and stacked once at the end,
+        # and the hidden state's gradient comes with the step before's projection gradient, in one kernel: a zeroed
+        # result, a copy into it and a kernel a step fewer on a GPU (`benchmarks/gpu_proxies.py` counts them).
+        static = active is not None and ctx.steps == num_steps
+        # Packed rows write each step's part into a result laid out direction-major, as the input products lay out
+        # theirs: their backward then reads each direction's positions as they lie, where a time-major gradient was
+        # first copied (about 30 ms per layer of a batch of 100-word sentences, recipe config, 2 CPU threads).
+        # Eager, the step's kernel writes straight into its place; a compiled kernel returns a tensor of its own.
+        grad_input_gates = None if static else grad_outputs.new_zeros(
+            directions, num_steps, num_rows, recurrent.shape[-1], dtype=torch.float32).transpose(0, 1)
+        into_result = not static and grad_outputs.device.type not in COMPILED_DEVICE_TYPES \
+            and not torch.compiler.is_compiling()
+        grad_gates, grad_projected, static_gates = [None] * ctx.steps, [None] * ctx.steps, [None] * ctx.steps
+        grad_step = None
         for t in reversed(range(ctx.steps)):
             rows = ctx.schedule[t]
             step_active = None if active is None else active[t, :, :rows]
-            grad_step = _projection_backward(projected[t], grad_outputs[t, :, :rows], grad_hidden[:, :rows],
-                                             step_active, proj_clip)
+            if grad_step is None:  # else computed with the hidden state's gradient of the step after this one
+                grad_step = _projection_backward(projected[t], grad_outputs[t, :, :rows], grad_hidden[:, :rows],
+                                                 step_active, proj_clip)
             grad_cell_output = matmul(grad_step, projection.transpose(1, 2))
-            result = grad_input_gates[t, :, :rows]
+            result = None if static else grad_input_gates[t, :, :rows]
             step_gates_fp32, step_gates, step_grad_cell = _step_backward(
                 cells[t], activations[t], grad_cell[:, :rows], grad_cell_output, step_active, cell_clip,
                 result if into_result else None, recurrent.dtype,
             )
-            if not into_result:
+            if static:
+                static_gates[t] = step_gates_fp32
+            elif not into_result:
                 result.copy_(step_gates_fp32)
             through_gates = matmul(step_gates, recurrent.transpose(1, 2))
-            step_grad_hidden = _hidden_gradient(grad_hidden[:, :rows], through_gates, step_active)
+            grad_gates[t], grad_projected[t], grad_step = step_gates, grad_step, None
+            if static and t > 0:
+                step_grad_hidden, grad_step = _hidden_and_projection_backward(
+                    grad_hidden, through_gates, step_active, projected[t - 1], grad_outputs[t - 1], active[t - 1],
+                    proj_clip)
+            else:
+                step_grad_hidden = _hidden_gradient(grad_hidden[:, :rows], through_gates, step_active)
             # Where every row read the step the new gradients replace the old ones whole (no copy: one kernel fewer
             # each, a step, on a GPU); packed rows write theirs into the first `rows`.
             if rows == num_rows:
                 grad_cell, grad_hidden = step_grad_cell, step_grad_hidden
             else:
                 grad_cell[:, :rows], grad_hidden[:, :rows] = step_grad_cell, step_grad_hidden
-            grad_gates[t], grad_projected[t] = step_gates, grad_step
+        if static:  # (time, directions, rows, gates), laid out direction-major as above
+            grad_input_gates = torch.stack(static_gates, dim=1).transpose(0, 1)
         # Weight gradients: one matmul over every step's rows, per direction.
         if ctx.steps:
             # (directions, sum of rows, n), both operands of a product padded alike: a summed row costs one

@@ -258,7 +258,7 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
 def test_gpu_proxies_count_a_captured_steps_operators_and_time_the_packed_steps_host_work():
     command = [sys.executable, str(BENCHMARKS / "gpu_proxies.py"), "--config", "tiny", "--rows", "4", "--words", "8",
                "--vocab-size", "300", "--negatives", "64", "--synthetic", "--n-sentences", "8", "--batch-size", "4",
-               "--backend", "eager", "--repeats", "1"]
+               "--backend", "eager", "--repeats", "1", "--top", "50"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
@@ -269,7 +269,13 @@ def test_gpu_proxies_count_a_captured_steps_operators_and_time_the_packed_steps_
     # words and <S>, </S>.
     steps = 2 * (ops["words_padded"] + 2)
     assert ops["words_padded"] == 8 and ops["top_by_phase"]["forward"]["_step_forward"] == steps
-    assert ops["top_by_phase"]["backward"]["_step_backward"] == steps
+    backward = ops["top_by_phase"]["backward"]
+    assert backward["_step_backward"] == steps
+    # Going back, a step's hidden gradient and the step before's projection gradient are one kernel (each layer's
+    # last step has its projection gradient alone, its first the hidden one), and the gates' gradients are stacked
+    # once, not copied step by step into a zeroed result.
+    assert backward["_hidden_and_projection_backward"] == steps - 2 and "copy_.default" not in backward
+    assert backward["_projection_backward"] == backward["_hidden_gradient"] == 2
     # The clip runs on flat tensors: a few where()s, not one per parameter.
     assert ops["top_by_phase"]["update"]["where.self"] < ops["parameters"] / 2
     # Packed inference: each batch computes up to its longest sentence (+ <S>, </S>), both layers.
