@@ -17,7 +17,6 @@ splitting and shuffling only, no model); `write_s`, the seconds the corpus took 
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
