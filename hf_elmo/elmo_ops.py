@@ -306,7 +306,7 @@ class ClippedLstmRecurrence(torch.autograd.Function):
         # Every row every step (static shapes): each step's gradient of the gates is kept and stacked once at the end,
         # and the hidden state's gradient comes with the step before's projection gradient, in one kernel: a zeroed
         # result, a copy into it and a kernel a step fewer on a GPU (`benchmarks/gpu_proxies.py` counts them).
-        static = active is not None and ctx.steps == num_steps
+        static = active is not None and ctx.steps == num_steps > 0
         # Packed rows write each step's part into a result laid out direction-major, as the input products lay out
         # theirs: their backward then reads each direction's positions as they lie, where a time-major gradient was
         # first copied (about 30 ms per layer of a batch of 100-word sentences, recipe config, 2 CPU threads).

@@ -877,6 +877,13 @@ def test_packed_recurrence_equals_the_static_one_with_a_row_that_reads_nothing()
     # No row reads any step: the state passes through, the weights get zero gradients.
     outputs, grads = run_recurrence(packed_reading(()))
     assert not outputs[0].any() and torch.equal(outputs[1], leaves[1]) and not grads[3].any()
+    # No step at all, every row reading (static shapes): the same, with an empty gradient for the empty gates.
+    no_steps = torch.zeros(0, 1, 3, 1, dtype=torch.bool)
+    leaves[0], upstream[0] = leaves[0][:0], upstream[0][:0]
+    outputs, grads = run_recurrence(lambda gates, *rest: ClippedLstmRecurrence.apply(gates, no_steps, *rest, 1.0, 1.5,
+                                                                                     None))
+    assert grads[0].shape == (0, 2, 3, 4 * lstm_dim) and torch.equal(outputs[2], leaves[2])
+    assert torch.equal(grads[1], upstream[1]) and torch.equal(grads[2], upstream[2]) and not grads[4].any()
 
 
 @pytest.mark.parametrize("implementation", ["reference", *TUNED])
