@@ -55,8 +55,9 @@ minute after it is stopped:
   with fullgraph=True, so also `graphs` and `graph_breaks`, 0; replayed through torch.compile's CUDA graphs;
   inductor draws its own random numbers, so the comparison runs with `fallback_random`), on sentences of 3-4 words
   not padded to a length bucket (6 recurrence steps): inductor compiles the recurrence unrolled, and at the other
-  sections' 32 padded words the first step took 229 s on an H100. Last. On the CPU, aot_eager traces the same graphs, and host syncs
-  are not counted (None: counting them there would trace the graphs again; recorded_step counts the same Python).
+  sections' 32 padded words the first step took 229 s on an H100. Last. On the CPU, aot_eager traces the same
+  graphs, and host syncs are not counted (None: counting them there would trace the graphs again; recorded_step
+  counts the same Python).
 
 `--smoke` runs every section on the CPU with tiny shapes and a few steps (the test suite runs it, so that the
 report cannot rot); its figures mean nothing.
