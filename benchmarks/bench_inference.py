@@ -150,9 +150,9 @@ def main():
     run.add_argument("--skip-check", action="store_true", help="skip the comparison with the reference implementation")
     run.add_argument("--top-ops", type=int, default=0, metavar="N",
                      help="after timing, one more pass under torch.profiler: the N operators taking the most self time "
-                          "per batch (on a GPU: kernels by GPU time, with kernels run and launched per batch, their GPU "
-                          "time, and the GPU's busy fraction, profiled and over the timed passes' fastest batches: "
-                          "far below 1, the host sets the pace; default: none)")
+                          "per batch (on a GPU: kernels by GPU time, with kernels run and launched per batch, their "
+                          "GPU time, and the GPU's busy fraction, profiled and over the timed passes' fastest "
+                          "batches: far below 1, the host sets the pace; default: none)")
     run.add_argument("--save-first-batch", metavar="PATH",
                      help="also save every layer's word vectors for batch 0 with torch.save (to compare with the peer)")
     workload.add_timing_arguments(parser, repeats=5, wait_quiet=0.0)
@@ -231,9 +231,9 @@ def main():
         with torch.no_grad():
             profile = bench_utils.profile_calls(run_batch, len(inputs), cuda, synchronize, top=args.top_ops,
                                                 per="batch")
-        if cuda:  # the profiler stretches the host's time, not the kernels'
-            profile["gpu_busy_fraction_timed"] = round(
-                profile["device_s_per_batch"] * len(inputs) / sum(speed["fastest_batch_s"]), 3)
+        if cuda:
+            profile["gpu_busy_fraction_timed"] = bench_utils.timed_busy_fraction(
+                profile, "batch", len(inputs), sum(speed["fastest_batch_s"]))
 
     with torch.no_grad():
         if args.save_first_batch:

@@ -431,8 +431,8 @@ def main():
             # The profiled steps' GPU time over the timed steps' wall: the profiler and the sections' synchronisations
             # stretch the host's time, not the kernels' (the H100 run of 2026-11-28: 0.37-0.42 profiled, 0.67 for
             # the recorded step's own replay).
-            top_ops["gpu_busy_fraction_timed"] = round(
-                top_ops["device_s_per_step"] * (args.steps - steps_that_compiled) / elapsed, 3)
+            top_ops["gpu_busy_fraction_timed"] = bench_utils.timed_busy_fraction(
+                top_ops, "step", args.steps - steps_that_compiled, elapsed)
         phase("profile")
         sparse_softmax = bool(accelerator.unwrap_model(run.model).softmax.sparse)
         run.batches = None  # stops the workers

@@ -356,3 +356,9 @@ def profile_calls(run, calls: int, on_gpu: bool, synchronize=None, top: int = 0,
         result[f"top_ops_per_{per}"] = [{"op": row.key, "self_ms": round(own_time(row) / 1000 / calls, 2),
                                          "calls": round(row.count / calls, 1)} for row in rows]
     return result
+
+
+def timed_busy_fraction(profiled: dict, per: str, calls: int, timed_s: float) -> float:
+    """The GPU's busy fraction over timed work that ran unprofiled: `profile_calls`' GPU time per call (`per` as
+    given there; the profiler stretches the host's time, not the kernels') times the `calls` that took `timed_s`."""
+    return round(profiled[f"device_s_per_{per}"] * calls / timed_s, 3)

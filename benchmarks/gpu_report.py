@@ -512,7 +512,7 @@ def pretraining(setting: Setting) -> dict:
                   "--max-sentence-words", "24", *text]
         # The two targets: small at the text's vocabulary, original at bilm-tf's. Each further run is about
         # 40 s of a report that must end inside 6 minutes, for a figure no target reads: original at the text's
-        # 15.7k words (the softmax's share) was left out once the H100 of 2026-11-28 measured it within 0.7% of
+        # 15.7k words (the softmax's share) was left out once the H100 of 2026-11-28 measured it within 0.6% of
         # bilm-tf's 793k (67,057 and 66,645 tokens/s: the update reads only the rows a step read).
         runs = [["--config", "small", *common],
                 ["--config", "original", "--vocab-size", str(BILM_TF_1B_WORD_VOCAB), *common]]
