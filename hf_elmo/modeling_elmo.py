@@ -560,13 +560,14 @@ class ElmoPreTrainedModel(PreTrainedModel):
         # Transformers' default (N(0, initializer_range), zero biases) is what the task heads keep. The biLM's
         # weights start as bilm-tf's do (bilm/training.py): with the default, its activations are ~100x smaller and
         # a random biLM gives features no tagger can use. Loaded weights are never touched (`init` skips them).
-        super()._init_weights(module)
         config = self.config
-        if isinstance(module, ElmoModel):
-            init.copy_(module.boundary_char_ids, ElmoModel._boundary_rows(config))
-        elif isinstance(module, ElmoSoftmax):
+        if isinstance(module, ElmoSoftmax):  # without the default's draw first: the table can be 793k x 512
             init.normal_(module.weight, mean=0.0, std=config.projection_dim**-0.5)  # softmax/W
             init.zeros_(module.bias)  # softmax/b
+            return
+        super()._init_weights(module)
+        if isinstance(module, ElmoModel):
+            init.copy_(module.boundary_char_ids, ElmoModel._boundary_rows(config))
         elif isinstance(module, nn.Embedding):  # the char embeddings, the only embedding of the model
             init.uniform_(module.weight, -1.0, 1.0)  # char_embed
             if not getattr(module.weight, "_is_hf_initialized", False):
@@ -635,9 +636,7 @@ class ElmoModel(ElmoPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding):
         self.char_encoder.char_embeddings = value
 
-    def word_mask(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
-    ) -> torch.Tensor:
+    def word_mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Checks the inputs and returns which positions hold words, `(batch, words)` bool."""
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(
@@ -1332,7 +1331,8 @@ class ElmoSoftmax(nn.Embedding):
     """
 
     def __init__(self, vocab_size: int, hidden_size: int):
-        super().__init__(vocab_size, hidden_size)
+        # Undrawn: `_init_weights` draws it once (a pass over 793k x 512 rows takes 2 s on a 2-core CPU).
+        super().__init__(vocab_size, hidden_size, _weight=torch.empty(vocab_size, hidden_size))
         self.bias = nn.Parameter(torch.zeros(vocab_size))
         self.keep_gathered = False  # set by the captured training step: `sampled_softmax.rows_for_training`
 

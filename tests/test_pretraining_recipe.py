@@ -68,6 +68,21 @@ def test_a_new_model_starts_from_bilm_tf_initialisers(activation):
     assert torch.equal(model.softmax.bias, torch.zeros(3000))
 
 
+def test_the_softmax_table_is_drawn_once():
+    # One pass of the random stream over a table that is 793k x 512 for bilm-tf's vocabulary: nn.Embedding's own
+    # draw and Transformers' default before ours took two more (about 3 s of a model's start on a 2-core CPU).
+    config = ElmoConfig(**CPU_PRETRAINING_CONFIG, vocab_size=3000)
+    model = ElmoForPreTraining(config)
+    torch.manual_seed(5)
+    built = torch.get_rng_state()
+    softmax = type(model.softmax)(3000, 128)
+    assert torch.equal(torch.get_rng_state(), built)  # constructing it draws nothing
+    model._init_weights(softmax)
+    torch.manual_seed(5)
+    assert torch.equal(softmax.weight, torch.empty(3000, 128).normal_(0.0, 128**-0.5))
+    assert torch.equal(softmax.bias, torch.zeros(3000))
+
+
 def test_heads_keep_transformers_init_and_loaded_weights_are_untouched(converted_dir):
     torch.manual_seed(0)
     config = ElmoConfig(**CPU_PRETRAINING_CONFIG, num_labels=300, head_lstm_dim=64, initializer_range=0.02)
