@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Pretraining throughput of ELMo on real running text, and of its data pipeline alone. Prints one JSON line.
+"""Pretraining throughput of ELMo on real running text, and of its data pipeline alone. Prints one JSON line
+per vocabulary size.
 
     python benchmarks/bench_pretrain.py [--device cpu|cuda] [--config small|original|recipe|FILE] [--text FILE]
-        [--batch-size 128] [--mixed-precision bf16|no] [--steps 10] [--num-workers 2] [--vocab-size N]
+        [--batch-size 128] [--mixed-precision bf16|no] [--steps 10] [--num-workers 2] [--vocab-size N [N ...]]
         [--training-step auto|captured|eager] [--peer bilm-tf]
 
 The timed step is `hf-elmo pretrain`'s own: a `PretrainingRun` (bilm-tf's recipe: sampled softmax with 8192
@@ -10,7 +11,8 @@ log-uniform negatives, Adagrad lr 0.2 with sparse softmax gradients, gradient x 
 dropout 0.1) and its `optimizer_step`, with its length buckets, DataLoader workers and one read of the gradient
 norm per step, on the published shapes (`small` 2x1024_128_2048cnn_1xhighway, `original`
 2x4096_512_2048cnn_2xhighway), with a vocabulary counted from the text; `--vocab-size N` pads it with stand-in
-words to N (793471 for bilm-tf's 1B Word softmax). The text (default: the Wikipedia sample of
+words to N (793471 for bilm-tf's 1B Word softmax); `--vocab-size text 793471` measures both, one after the other in
+one process (the second without the imports and the compiling). The text (default: the Wikipedia sample of
 `hf_elmo.testing_utils`, 4000 sentences, fetched once with pip) goes through the same stream and DataLoader
 workers as in training. Tokens are what the LMs predict: words + one `</S>` per sentence.
 
@@ -42,6 +44,7 @@ tokens across sentence boundaries and predicts `<S>` too, one more position per 
 
 import argparse
 import atexit
+import gc
 import json
 import os
 import shutil
@@ -321,9 +324,13 @@ def main():
                         help="epochs of the text read by the pipeline-only measure (default: %(default)s)")
     parser.add_argument("--pipeline-only", action="store_true", help="measure the data pipeline alone, no model")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on cpu (default: torch's)")
-    parser.add_argument("--vocab-size", type=int, default=None, metavar="N",
-                        help="pad the text's vocabulary with stand-in words to N (793471: bilm-tf's 1B Word softmax)")
+    parser.add_argument("--vocab-size", type=vocabulary_size, nargs="+", default=["text"], metavar="N",
+                        help="pad the text's vocabulary with stand-in words to N (793471: bilm-tf's 1B Word softmax); "
+                             "several sizes (`text`: the text's own) are measured one after the other in this "
+                             "process, a JSON line each (default: text)")
     args = parser.parse_args()
+    if args.peer and len(args.vocab_size) > 1:
+        parser.error("--peer measures one vocabulary size: give --vocab-size one N")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device is available")
     if args.threads:
@@ -331,16 +338,8 @@ def main():
     if args.device == "cpu":
         os.environ["ACCELERATE_USE_CPU"] = "1"  # PretrainingRun's Accelerator stays on the CPU
 
-    # Where a run's wall time goes besides the timed steps (the 2026-11-27 H200 report spent about 40 s a run for
-    # under a second of timed steps): each phase's seconds, in order.
-    phases, last = {}, STARTED
-
-    def phase(name: str) -> None:
-        nonlocal last
-        now = time.perf_counter()
-        phases[name], last = round(now - last, 2), now
-
-    phase("imports")
+    phases = Phases()
+    phases("imports")
     config_dir = tempfile.mkdtemp(prefix="bench_pretrain-")  # the recipe's config.json and the peer's files
     atexit.register(shutil.rmtree, config_dir, True)
     if args.config == "recipe":
@@ -350,12 +349,47 @@ def main():
     text = args.text or str(english_text_sample())
     splitter = WordSplitter("ptb")
     files = resolve_shards([text], what="--text", split_words=splitter)
-    vocab_words = build_vocab(count_words(files, splitter)[0])
-    if args.vocab_size:
-        if args.vocab_size < len(vocab_words):
-            parser.error(f"--vocab-size {args.vocab_size} is below the text's own vocabulary ({len(vocab_words)})")
+    text_words = build_vocab(count_words(files, splitter)[0])
+    for size in args.vocab_size:
+        if size != "text" and size < len(text_words):
+            parser.error(f"--vocab-size {size} is below the text's own vocabulary ({len(text_words)})")
+    # One process for several sizes: the later ones skip the imports and find the recurrence's kernels compiled
+    # (about 12 s and 10-20 s of a run on the H100 report), which is what lets gpu_report.py measure `original` at
+    # both of issue 44's vocabularies inside its 6 minutes.
+    for size in args.vocab_size:
         # Words no sentence holds: the softmax has the size of a large vocabulary, the text stays real.
-        vocab_words += [f"<stand-in-{i}>" for i in range(args.vocab_size - len(vocab_words))]
+        padding = [] if size == "text" else [f"<stand-in-{i}>" for i in range(size - len(text_words))]
+        line = measure(args, text, files, splitter, text_words + padding, config_dir, phases)
+        print(json.dumps(line), flush=True)
+        phases.reset()
+        gc.collect()  # the run's model, optimizer state and CUDA graphs, before the next size's
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def vocabulary_size(value: str):
+    """`--vocab-size`'s values: `text` or a number of words."""
+    return value if value == "text" else int(value)
+
+
+class Phases:
+    """Where a measurement's wall time goes besides the timed steps (the 2026-11-27 H200 report spent about 40 s a
+    run for under a second of timed steps): each phase's seconds, in order. Called with a phase's name as it ends."""
+
+    def __init__(self):
+        self.seconds, self.last = {}, STARTED
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name], self.last = round(now - self.last, 2), now
+
+    def reset(self):
+        self.seconds = {}
+
+
+def measure(args, text: str, files: list[str], splitter, vocab_words: list[str], config_dir: str, phase) -> dict:
+    """One vocabulary's figures: the pipeline's rate and, unless `--pipeline-only`, the training step's (the JSON
+    line's fields)."""
     with tempfile.TemporaryDirectory() as workdir:
         vocab_file = write_vocab(vocab_words, os.path.join(workdir, "vocab.txt"))
         tokenizer = ElmoTokenizer(vocab_file=vocab_file)
@@ -376,12 +410,11 @@ def main():
     }
     peer = run_peer(args, files, splitter, vocab_words, config_dir) if args.peer and not args.pipeline_only else None
     if args.pipeline_only:
-        print(json.dumps({
+        return {
             "benchmark": "pretrain_pipeline", **common,
             "encode_tokens_per_s": encode_rates(tokenizer, encoder, settings),
             "load_average_1min": round(os.getloadavg()[0], 2),
-        }))
-        return
+        }
 
     with tempfile.TemporaryDirectory() as workdir:
         run = pretraining_run(args, text, vocab_words, workdir)
@@ -404,6 +437,7 @@ def main():
             torch.cuda.reset_peak_memory_stats()
         # Each step timed alone: one that compiled a graph (a new length bucket, captured step) is counted apart.
         graphs = torch._dynamo.utils.counters["stats"]
+        graphs_before = graphs["unique_graphs"]  # those of the sizes measured before this one in this process
         elapsed = tokens = compile_s = steps_that_compiled = 0
         for _ in range(args.steps):
             window = LossWindow(device)
@@ -438,7 +472,7 @@ def main():
         run.batches = None  # stops the workers
         del run
 
-    print(json.dumps({
+    return {
         "benchmark": "pretrain",
         "config": args.config,
         "device": args.device,
@@ -459,20 +493,21 @@ def main():
         "tokens_per_step": round(tokens / (args.steps - steps_that_compiled), 1) if tokens else None,
         "steps_that_compiled": steps_that_compiled,
         "compile_s": round(compile_s, 1),
-        "graphs": graphs["unique_graphs"],
+        "graphs": graphs["unique_graphs"] - graphs_before,
         "peak_memory_mib": None if peak is None else round(peak, 1),
         "peak_memory_kind": "cuda_max_allocated" if device.type == "cuda" else "rss_vmhwm",
         "split_s_per_step": {k: round(v / args.profile_steps, 4) for k, v in split.items()},
         "pipeline_vs_training": round(max(pipeline.values()) / tokens_per_s, 1) if tokens_per_s else None,
         **({} if top_ops is None else top_ops),
-        "phases_s": phases,
+        "phases_s": phase.seconds,
+        "wall_s": round(sum(phase.seconds.values()), 1),  # this line's: since the process began or the last line
         **({} if peer is None else {
             "peer": peer,
             "ratio_to_peer": (round(tokens_per_s / peer["tokens_per_s"], 2)
                               if "tokens_per_s" in peer and tokens_per_s else None),
         }),
         "load_average_1min": round(os.getloadavg()[0], 2),
-    }))
+    }
 
 
 if __name__ == "__main__":

@@ -37,10 +37,10 @@ minute after it is stopped:
 - `profiled_step`: one steady-state eager training step (the step before the captured one, for comparison) under
   torch.profiler: kernels run, their GPU time and busy fraction, and the biLSTM forward's host time against the
   step's device time.
-- `pretraining`: `bench_pretrain.py` (hf-elmo pretrain's own step: on a GPU the recorded step), bf16, 128
-  sentences: small at the text's vocabulary and original at 793,471 words (bilm-tf's 1B Word softmax), with peak
-  memory, and two more steps profiled: the top kernels by GPU time, kernels run and launched per step and the
-  GPU's busy fraction in the step a pretraining run takes (bf16), profiled and over the timed steps' wall
+- `pretraining`: `bench_pretrain.py` (hf-elmo pretrain's own step: on a GPU the recorded step), bf16, 128 sentences:
+  small at the text's vocabulary, original at it and at 793,471 words (bilm-tf's 1B Word softmax; one process for
+  both), with peak memory, and two more steps profiled: the top kernels by GPU time, kernels run and launched per step
+  and the GPU's busy fraction in the step a pretraining run takes (bf16), profiled and over the timed steps' wall
   (`gpu_busy_fraction_timed`). Each benchmark run's line carries its own `wall_s`.
 - `data_parallel`: with N > 1 GPUs, `bench_pretrain.py` (small, bf16, 128 sentences a process) in one process and
   under `accelerate launch --multi_gpu --num_processes N`: tokens/s per GPU for each, and their ratio; with one GPU
@@ -462,37 +462,43 @@ def profiled_step(setting: Setting) -> dict:
             **{key: profiled[key] for key in keep if profiled[key] is not None}}
 
 
-def benchmark_line(script: str, extra: list[str], timeout: float) -> dict:
-    """One run of `script`: its JSON line (machine description dropped), or its error."""
+def benchmark_line(script: str, extra: list[str], timeout: float) -> list[dict]:
+    """One process of `script`: each JSON line it printed (bench_pretrain.py prints one per vocabulary size; the
+    machine description dropped), then its error if it failed or ran out of time."""
     began = time.perf_counter()
     try:
         done = subprocess.run([sys.executable, os.path.join(BENCHMARKS, script), *extra], cwd=REPO_ROOT,
                               capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"args": extra, "error": f"stopped at the report's budget, after {timeout:.0f} s"}
+        stdout, error = done.stdout, None
+    except subprocess.TimeoutExpired as stopped:  # what it printed before is kept (bytes, whatever `text` says)
+        stdout = (stopped.stdout or b"").decode() if isinstance(stopped.stdout, bytes) else (stopped.stdout or "")
+        error = f"stopped at the report's budget, after {timeout:.0f} s"
     # Each run's own wall time: the 2026-11-27 H200 report spent 163 s on four pretraining runs and 272 s on
-    # inference, and only the sections' totals said so.
+    # inference, and only the sections' totals said so. A line that gives its own (one of several) keeps it.
     wall = {"wall_s": round(time.perf_counter() - began, 1)}
-    if done.returncode:  # torch's errors end in advice: the line that names the error is kept too
+    lines = [{"args": extra, **wall, **json.loads(text)} for text in stdout.splitlines() if text.startswith("{")]
+    for line in lines:
+        line.pop("machine", None)
+    if error is None and done.returncode:  # torch's errors end in advice: the line that names the error is kept too
         error_lines = done.stderr.strip().splitlines() or ["(no output)"]
         named = [text for text in error_lines if text[:1].strip() and ("Error" in text or "Unsupported" in text)]
-        return {"args": extra, "error": " / ".join(dict.fromkeys([*named[-1:], error_lines[-1]]))[:2000], **wall}
-    line = json.loads(done.stdout.strip().splitlines()[-1])
-    line.pop("machine", None)
-    return {"args": extra, **line, **wall}
+        error = " / ".join(dict.fromkeys([*named[-1:], error_lines[-1]]))[:2000]
+    if not lines and not error:
+        error = "it printed no JSON line"
+    return lines + ([{"args": extra, "error": error, **wall}] if error else [])
 
 
 def benchmark_lines(script: str, runs: list[list[str]], deadline: float) -> list[dict]:
-    """`benchmark_line` once per argument list. Each line also goes to stderr as its run ends (a section of several
-    runs killed at a lease's limit keeps those that ended). A run still going at `deadline` (time.perf_counter()) is
-    stopped and recorded as such, and the runs after it are skipped."""
+    """`benchmark_line` once per argument list, its lines in order. Each line also goes to stderr as its run ends (a
+    section of several runs killed at a lease's limit keeps those that ended). A run still going at `deadline`
+    (time.perf_counter()) is stopped and recorded as such, and the runs after it are skipped."""
     lines = []
     for extra in runs:
         left = deadline - time.perf_counter()
-        line = (benchmark_line(script, extra, left) if left > 0
-                else {"args": extra, "skipped": "the report's budget was spent"})
-        print(json.dumps({"run": script, **line}, default=str), file=sys.stderr, flush=True)
-        lines.append(line)
+        for line in (benchmark_line(script, extra, left) if left > 0
+                     else [{"args": extra, "skipped": "the report's budget was spent"}]):
+            print(json.dumps({"run": script, **line}, default=str), file=sys.stderr, flush=True)
+            lines.append(line)
     return lines
 
 
@@ -502,7 +508,7 @@ def pretraining(setting: Setting) -> dict:
         common = ["--device", "cpu", "--batch-size", "4", "--steps", "1", "--warmup-steps", "1", "--profile-steps",
                   "1", "--top-ops", "3", "--num-workers", "0", "--pipeline-epochs", "1", "--mixed-precision", "no",
                   *text]
-        runs = [["--config", "small", *common], ["--config", "small", "--vocab-size", "40000", *common]]
+        runs = [["--config", "small", "--vocab-size", "text", "40000", *common]]
     else:
         # 10 timed steps: the H200 run's four pretraining runs at 20 did not end inside the budget. Lines cut at 24
         # words: the captured step then meets 3 lengths, each compiled once, in the warm-up (a step that compiles
@@ -510,12 +516,11 @@ def pretraining(setting: Setting) -> dict:
         common = ["--device", "cuda", "--batch-size", "128", "--steps", "10", "--warmup-steps", "6",
                   "--profile-steps", "2", "--top-ops", "12", "--pipeline-epochs", "1", "--mixed-precision", "bf16",
                   "--max-sentence-words", "24", *text]
-        # The issue's two targets: small at the text's vocabulary, original at bilm-tf's. Each further run is about
-        # 40 s of a report that must end inside 6 minutes, for a figure no target reads: original at the text's
-        # 15.7k words (the softmax's share) was left out once the H100 of 2026-11-28 measured it within 0.6% of
-        # bilm-tf's 793k (67,057 and 66,645 tokens/s: the update reads only the rows a step read).
+        # Issue 44's runs: small at the text's vocabulary, original at the text's and at bilm-tf's (what the
+        # softmax costs). Original's two sizes share a process: the second skips the imports and finds the
+        # recurrence's kernels compiled, a few seconds where a process of its own took about 40 s (H100, 2026-11-28).
         runs = [["--config", "small", *common],
-                ["--config", "original", "--vocab-size", str(BILM_TF_1B_WORD_VOCAB), *common]]
+                ["--config", "original", "--vocab-size", "text", str(BILM_TF_1B_WORD_VOCAB), *common]]
     keep = ("config", "vocab_size", "training_step", "softmax_gradient", "tokens_per_s", "steps_that_compiled",
             "compile_s", "graphs", "peak_memory_mib", "split_s_per_step", "kernels_per_step",
             "kernel_launches_per_step", "device_s_per_step", "gpu_busy_fraction", "gpu_busy_fraction_timed",

@@ -247,8 +247,12 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
     assert all(run["softmax_gradient"] == "sparse" for run in runs)
     assert all(run["wall_s"] > 0 for run in runs)  # each run's own time
     assert all(len(run["top_ops_per_step"]) == 3 and run["top_ops_per_step"][0]["calls"] > 0 for run in runs)
-    assert all(list(run["phases_s"]) == ["imports", "vocabulary", "pipeline", "model", "first_step", "warmup", "timed",
-                                         "profile"] and min(run["phases_s"].values()) >= 0 for run in runs)
+    # Both sizes from one process: the second line without the imports, each with its own wall time.
+    phases = ["vocabulary", "pipeline", "model", "first_step", "warmup", "timed", "profile"]
+    assert [list(run["phases_s"]) for run in runs] == [["imports", *phases], phases]
+    assert all(min(run["phases_s"].values()) >= 0 and run["wall_s"] == pytest.approx(sum(run["phases_s"].values()),
+                                                                                     abs=0.1) for run in runs)
+    assert len({tuple(run["args"]) for run in runs}) == 1
     assert sections["data_parallel"]["skipped"] == ("0 GPU(s): tokens/s per GPU for 1 and N processes needs at least 2 "
                                                     "(the --smoke run is on the CPU)")
     tiny = sections["inference"]["tiny"]  # side_by_side.py: AllenNLP 0.9.0 from its wheel, no other package
@@ -256,6 +260,24 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
     profile = tiny["hf_elmo_profile"]  # one more pass of hf_elmo's, profiled: on the CPU, no kernels to count
     assert len(profile["top_ops_per_batch"]) == 3 and profile["aten_ops_per_batch"] > 50
     assert profile["kernels_per_batch"] is None and "gpu_busy_fraction_timed" not in profile
+
+
+def test_a_reports_benchmark_run_keeps_every_line_it_printed_and_says_why_it_ended(tmp_path):
+    # gpu_report.py's runs: bench_pretrain.py prints a line per vocabulary size, and a run stopped at the report's
+    # budget, or failing, keeps the lines it printed before.
+    import gpu_report
+
+    script = tmp_path / "two_lines.py"
+    script.write_text("import sys, time\n"
+                      "print('{\"size\": 1}', flush=True)\n"
+                      "print('{\"size\": 2, \"wall_s\": 0.5}', flush=True)\n"
+                      "time.sleep(60) if sys.argv[1] == 'sleep' else sys.exit('RuntimeError: the third size failed')\n")
+    stopped = gpu_report.benchmark_line(str(script), ["sleep"], timeout=5)
+    assert [line.get("size") for line in stopped] == [1, 2, None] and stopped[1]["wall_s"] == 0.5
+    assert 5 <= stopped[0]["wall_s"] < 30 and stopped[2]["error"] == "stopped at the report's budget, after 5 s"
+    failed = gpu_report.benchmark_line(str(script), ["fail"], timeout=60)
+    assert [line.get("size") for line in failed] == [1, 2, None] and all(line["args"] == ["fail"] for line in failed)
+    assert failed[2]["error"] == "RuntimeError: the third size failed"
 
 
 def test_gpu_proxies_count_a_captured_steps_operators_and_time_the_packed_steps_host_work():
