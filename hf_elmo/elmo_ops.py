@@ -253,7 +253,9 @@ class ClippedLstmRecurrence(torch.autograd.Function):
         no_outputs = lambda: input_gates.new_zeros(  # noqa: E731
             *input_gates.shape[:3], projection.shape[-1], dtype=torch.float32)
         outputs, step_outputs = (None if rows_at is None else no_outputs()), []
-        final_cell, final_hidden = cell.clone(), hidden.clone()
+        # Packed rows leave the state at their own last steps; with static shapes the last step's state is every
+        # row's final one (a row that does not read a step keeps its state), and copying it was 4 kernels a layer.
+        final_cell, final_hidden = (None, None) if rows_at is None else (cell.clone(), hidden.clone())
         # The state the steps read is always a tensor of its own, never a view: Dynamo guards a view's base too, and
         # each new layout recompiled the step's kernels (training and packed inference in one process reached its
         # limit of 8 graphs per function, inductor on the CPU, after which a new layout runs eagerly).
@@ -280,12 +282,13 @@ class ClippedLstmRecurrence(torch.autograd.Function):
                 for name, value in zip(saved, (*activations, cell, hidden, cell_output, projected)):
                     saved[name].append(value)
             cell, hidden = new_cell, new_hidden
-            # Rows whose last step this was keep this state as their final one.
-            done = schedule[t + 1] if t + 1 < len(schedule) else 0
-            final_cell[:, done:rows] = cell[:, done:]
-            final_hidden[:, done:rows] = hidden[:, done:]
+            if final_cell is not None:  # rows whose last step this was keep this state as their final one
+                done = schedule[t + 1] if t + 1 < len(schedule) else 0
+                final_cell[:, done:rows] = cell[:, done:]
+                final_hidden[:, done:rows] = hidden[:, done:]
         if outputs is None:
             outputs = torch.stack(step_outputs) if step_outputs else no_outputs()
+            final_cell, final_hidden = cell, hidden
         ctx.steps = len(saved["cells"])
         ctx.schedule, ctx.clips, ctx.input_dtype = schedule, (cell_clip, proj_clip), input_gates.dtype
         if training:  # inference keeps nothing
@@ -299,14 +302,17 @@ class ClippedLstmRecurrence(torch.autograd.Function):
         activations = list(zip(*(by_name[name] for name in ACTIVATIONS)))
         cells, hiddens, cell_outputs, projected = (by_name[name] for name in SAVED_PER_STEP[len(ACTIVATIONS):])
         cell_clip, proj_clip = ctx.clips
-        # The gradients of each row's state after the last step computed so far (going back): a row that does not
-        # read a step passes its gradient on unchanged.
-        grad_cell, grad_hidden = grad_final_cell.float().clone(), grad_final_hidden.float().clone()
         num_steps, directions, num_rows = grad_outputs.shape[:3]
         # Every row every step (static shapes): each step's gradient of the gates is kept and stacked once at the end,
         # and the hidden state's gradient comes with the step before's projection gradient, in one kernel: a zeroed
         # result, a copy into it and a kernel a step fewer on a GPU (`benchmarks/gpu_proxies.py` counts them).
         static = active is not None and ctx.steps == num_steps > 0
+        # The gradients of each row's state after the last step computed so far (going back): a row that does not
+        # read a step passes its gradient on unchanged. Packed rows write theirs into these; static steps replace
+        # them whole and never write, so they read autograd's own (a copy fewer of each, a layer).
+        grad_cell, grad_hidden = grad_final_cell.float(), grad_final_hidden.float()
+        if not static:
+            grad_cell, grad_hidden = grad_cell.clone(), grad_hidden.clone()
         # Packed rows write each step's part into a result laid out direction-major, as the input products lay out
         # theirs: their backward then reads each direction's positions as they lie, where a time-major gradient was
         # first copied (about 30 ms per layer of a batch of 100-word sentences, recipe config, 2 CPU threads).
