@@ -49,6 +49,7 @@ import time
 
 import torch
 
+from .gradient_norm import global_norm
 from .sampled_softmax import samples_in_training
 
 logger = logging.getLogger(__name__)
@@ -214,7 +215,7 @@ class CapturedTrainingStep:
         flat = [self.dense_flat_grad, *(g.reshape(-1) for g in table_rows)]
         if self.world_size > 1:  # the all-reduce summed them
             torch._foreach_mul_(flat, 1.0 / self.world_size)
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(flat)))
+        norm = global_norm(flat)
         self.steps_done += 1
         bad = ~torch.isfinite(norm)
         self.first_bad_step.copy_(torch.where(bad & (self.first_bad_step == 0), self.steps_done, self.first_bad_step))

@@ -21,6 +21,7 @@ import warnings
 import torch
 
 from .configuration_elmo import implementation_name
+from .gradient_norm import global_norm
 from .pretraining_checkpoints import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
@@ -329,8 +330,9 @@ def sparse_softmax_gradients(optimizer: str, sampled: bool, num_processes: int) 
 @torch.no_grad()
 def clip_gradient_norm(parameters, max_norm: float) -> torch.Tensor:
     """
-    `torch.nn.utils.clip_grad_norm_` (global L2 norm; every gradient times `min(1, max_norm / (norm + 1e-6))`;
-    returns the norm before clipping), also over sparse gradients, which torch's cannot read. A sparse gradient is
+    `torch.nn.utils.clip_grad_norm_`'s rule (every gradient times `min(1, max_norm / (norm + 1e-6))`; returns the
+    global L2 norm before clipping), with the norm exact to rounding (`gradient_norm.global_norm`: torch's is too
+    small on the CPU for large tensors), also over sparse gradients, which torch's cannot read. A sparse gradient is
     coalesced first, so that a row used twice counts once, summed, as in the dense gradient.
     """
     dense, sparse = [], []
@@ -342,10 +344,7 @@ def clip_gradient_norm(parameters, max_norm: float) -> torch.Tensor:
             sparse.append(parameter.grad._values())
         else:
             dense.append(parameter.grad)
-    norms = [*(torch._foreach_norm(dense) if dense else []), *(torch.linalg.vector_norm(v) for v in sparse)]
-    if not norms:
-        return torch.zeros(())
-    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]))
+    total = global_norm([*dense, *sparse])
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
     if dense:
         torch._foreach_mul_(dense, scale)
