@@ -50,7 +50,6 @@ import time
 import torch
 
 from .gradient_norm import global_norm
-from .sampled_softmax import samples_in_training
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ def softmax_rows_read(config, rows: int, words: int) -> int:
     """The most softmax rows a training batch of `rows` x `words` words reads: every scored position's target
     (`ElmoForPreTraining.forward` scores `words` + 2 positions a row, both directions) and the sampled negatives; with
     the full softmax, every row."""
-    if not samples_in_training(config):
+    if not config.samples_softmax:
         return config.vocab_size
     return min(config.vocab_size, 2 * rows * (words + 2) + config.num_softmax_samples)
 

@@ -387,6 +387,10 @@ class ElmoConfig(PreTrainedConfig):
     def has_lstm_projection(self) -> bool:
         return self.projection_dim < self.lstm_dim
 
+    @property
+    def samples_softmax(self) -> bool:  # pretraining's softmax: sampled (`num_softmax_samples`) or full
+        return 0 < self.num_softmax_samples < self.vocab_size
+
     @classmethod
     def from_preset(cls, name: str, **kwargs) -> "ElmoConfig":
         """One of the published shapes: `"small"`, `"medium"` or `"original"` (`elmo_presets.py`)."""

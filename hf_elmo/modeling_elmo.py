@@ -1414,7 +1414,7 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
 
     @property
     def uses_sampled_softmax(self) -> bool:
-        return self.training and 0 < self.config.num_softmax_samples < self.config.vocab_size
+        return self.training and self.config.samples_softmax
 
     def lm_targets(self, labels: torch.Tensor, word_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """
@@ -1435,9 +1435,7 @@ class ElmoForPreTraining(ElmoPreTrainedModel):
         backward_targets[:, 1] = torch.where(has_words, self.config.bos_word_id, -100)
         return forward_targets, backward_targets
 
-    def _check_labels(
-        self, labels: torch.Tensor, input_ids: torch.Tensor, words: torch.Tensor
-    ) -> torch.Tensor:
+    def _check_labels(self, labels: torch.Tensor, input_ids: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
         if labels.shape != input_ids.shape[:2]:
             raise ValueError(
                 f"labels must have shape {tuple(input_ids.shape[:2])} (batch, words): one word id per input word, "

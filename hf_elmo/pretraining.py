@@ -460,9 +460,7 @@ class PretrainingRun:
         with torch.device(accelerator.device):
             model = build_model(args, base, encoder, self.tokenizer)
         del encoder
-        from .sampled_softmax import samples_in_training
-
-        sampled = samples_in_training(model.config)
+        sampled = model.config.samples_softmax
         self.captured = use_captured_step(args, accelerator.device, accelerator.mixed_precision)
         # Before the model is wrapped: DDP reads it to know which gradients come sparse. The captured step's
         # gradients are dense (a sparse tensor's shape depends on the data).

@@ -109,12 +109,6 @@ def rows_with_sparse_gradient(weight: torch.Tensor, bias: torch.Tensor, ids: tor
     return _RowsWithSparseGradient.apply(weight, ids), _RowsWithSparseGradient.apply(bias, ids)
 
 
-def samples_in_training(config) -> bool:
-    """Whether `ElmoForPreTraining` trains with this sampled softmax (`uses_sampled_softmax`, in training mode):
-    some negatives, fewer than the vocabulary."""
-    return 0 < config.num_softmax_samples < config.vocab_size
-
-
 def sampled_softmax_losses(softmax, hidden: torch.Tensor, targets: torch.Tensor, num_samples: int,
                            dtype: torch.dtype) -> torch.Tensor:
     """

@@ -773,9 +773,7 @@ class ElmoTokenizer(PreTrainedTokenizer):
                         hint = " (for pre-split words pass is_split_into_words=True)"
                     raise TypeError(f"text[{i}] is a {type(item).__name__}, expected a str{hint}.")
             return [self._split_text(t) for t in text], True
-        raise TypeError(
-            f"ElmoTokenizer expects a str, a list of str, or pre-split words; got a {type(text).__name__}."
-        )
+        raise TypeError(f"ElmoTokenizer expects a str, a list of str, or pre-split words; got a {type(text).__name__}.")
 
     def _encode_plus(
         self,
