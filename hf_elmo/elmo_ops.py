@@ -246,23 +246,23 @@ class ClippedLstmRecurrence(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input_gates, active, cell, hidden, recurrent, projection, cell_clip, proj_clip, rows_at):
-        num_rows = input_gates.shape[2]
-        schedule = rows_at if rows_at is not None else (num_rows,) * input_gates.shape[0]
+        num_rows, packed = input_gates.shape[2], rows_at is not None
+        schedule = rows_at if packed else (num_rows,) * input_gates.shape[0]
         # Every row every step (static shapes): the steps' outputs are stacked once at the end, where a write into
         # the result each step was one more kernel a step on a GPU. Packed rows write their part of each step.
         no_outputs = lambda: input_gates.new_zeros(  # noqa: E731
             *input_gates.shape[:3], projection.shape[-1], dtype=torch.float32)
-        outputs, step_outputs = (None if rows_at is None else no_outputs()), []
+        outputs, step_outputs = (no_outputs() if packed else None), []
         # Packed rows leave the state at their own last steps; with static shapes the last step's state is every
         # row's final one (a row that does not read a step keeps its state), and copying it was 4 kernels a layer.
-        final_cell, final_hidden = (None, None) if rows_at is None else (cell.clone(), hidden.clone())
+        final_cell, final_hidden = (cell.clone(), hidden.clone()) if packed else (None, None)
         # The state the steps read is always a tensor of its own, never a view: Dynamo guards a view's base too, and
         # each new layout recompiled the step's kernels (training and packed inference in one process reached its
         # limit of 8 graphs per function, inductor on the CPU, after which a new layout runs eagerly).
         cell, hidden = cell.clone(), hidden.clone()
         saved = {name: [] for name in SAVED_PER_STEP}
         training = any(ctx.needs_input_grad)
-        project = _projection_forward if rows_at is None else _projection_output
+        project = _projection_output if packed else _projection_forward
         for t, rows in enumerate(schedule):
             if rows == 0:
                 break
@@ -274,19 +274,19 @@ class ClippedLstmRecurrence(torch.autograd.Function):
             )
             projected = matmul(cell_output, projection)
             new_hidden, step_output = project(projected, hidden, step_active, proj_clip)
-            if outputs is None:
-                step_outputs.append(step_output)
-            else:
+            if packed:
                 outputs[t, :, :rows] = step_output
+            else:
+                step_outputs.append(step_output)
             if training:
                 for name, value in zip(saved, (*activations, cell, hidden, cell_output, projected)):
                     saved[name].append(value)
             cell, hidden = new_cell, new_hidden
-            if final_cell is not None:  # rows whose last step this was keep this state as their final one
+            if packed:  # rows whose last step this was keep this state as their final one
                 done = schedule[t + 1] if t + 1 < len(schedule) else 0
                 final_cell[:, done:rows] = cell[:, done:]
                 final_hidden[:, done:rows] = hidden[:, done:]
-        if outputs is None:
+        if not packed:
             outputs = torch.stack(step_outputs) if step_outputs else no_outputs()
             final_cell, final_hidden = cell, hidden
         ctx.steps = len(saved["cells"])
