@@ -63,6 +63,11 @@ def word_is_cut(word: str, max_characters_per_token: int = 50) -> bool:
     return 4 * len(word) > limit and len(word.encode("utf-8", errors="ignore")) > limit
 
 
+def quoted_word(word: str) -> str:
+    """How messages show a word, maybe a cut one: its first 40 characters, then "..." where it has more."""
+    return repr(word if len(word) <= 40 else word[:40] + "...")
+
+
 def char_id_rows(words, max_characters_per_token: int = 50) -> np.ndarray:
     """
     The (shifted) char-id rows of `words`, `(len(words), max_characters_per_token)` int64, exactly as bilm-tf
@@ -402,13 +407,12 @@ class ElmoConfig(PreTrainedConfig):
 
     def validate_elmo(self):
         def positive_int(field):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ElmoConfig.{field} must be a positive integer, got {value!r}.")
+            if not _is_int_from(getattr(self, field), 1):
+                raise ValueError(f"ElmoConfig.{field} must be a positive integer, got {getattr(self, field)!r}.")
 
         for field in ("char_embedding_dim", "max_characters_per_token", "lstm_dim", "projection_dim", "num_lstm_layers"):
             positive_int(field)
-        if isinstance(self.n_highway, bool) or not isinstance(self.n_highway, int) or self.n_highway < 0:
+        if not _is_int_from(self.n_highway, 0):
             raise ValueError(f"ElmoConfig.n_highway must be an integer >= 0, got {self.n_highway!r}.")
         if self.char_activation not in ("relu", "tanh"):
             raise ValueError(f"ElmoConfig.char_activation must be 'relu' or 'tanh', got {self.char_activation!r}.")
@@ -443,9 +447,6 @@ class ElmoConfig(PreTrainedConfig):
         def is_number(value):
             return isinstance(value, (int, float)) and not isinstance(value, bool)
 
-        def is_positive_int(value):
-            return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
         for field in ("freeze_elmo", "mix_layer_norm", "head_crf"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"ElmoConfig.{field} must be a bool, got {getattr(self, field)!r}.")
@@ -453,9 +454,9 @@ class ElmoConfig(PreTrainedConfig):
             raise ValueError(f"ElmoConfig.mix_l2_coef must be a number >= 0, got {self.mix_l2_coef!r}.")
         if not is_number(self.mix_dropout) or not 0 <= self.mix_dropout < 1:
             raise ValueError(f"ElmoConfig.mix_dropout must be a probability in [0, 1), got {self.mix_dropout!r}.")
-        if self.head_lstm_dim is not None and not is_positive_int(self.head_lstm_dim):
+        if self.head_lstm_dim is not None and not _is_int_from(self.head_lstm_dim, 1):
             raise ValueError(f"ElmoConfig.head_lstm_dim must be a positive integer or None, got {self.head_lstm_dim!r}.")
-        if not is_positive_int(self.head_lstm_layers):
+        if not _is_int_from(self.head_lstm_layers, 1):
             raise ValueError(f"ElmoConfig.head_lstm_layers must be a positive integer, got {self.head_lstm_layers!r}.")
         if self.classifier_pooling not in ("mean", "max", "final"):
             raise ValueError(
@@ -465,9 +466,8 @@ class ElmoConfig(PreTrainedConfig):
     # ---- Pretraining (ElmoForPreTraining) ----
     def _validate_pretraining_fields(self):
         for field in ("bos_word_id", "eos_word_id", "num_softmax_samples"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"ElmoConfig.{field} must be an integer >= 0, got {value!r}.")
+            if not _is_int_from(getattr(self, field), 0):
+                raise ValueError(f"ElmoConfig.{field} must be an integer >= 0, got {getattr(self, field)!r}.")
         if self.vocab_size is not None:
             for field in ("bos_word_id", "eos_word_id"):
                 if getattr(self, field) >= self.vocab_size:
@@ -482,12 +482,15 @@ class ElmoConfig(PreTrainedConfig):
             raise ValueError(f"ElmoConfig.lm_dropout must be a probability in [0, 1), got {dropout!r}.")
 
 
+def _is_int_from(value, least: int) -> bool:
+    """Whether a config value is an int (a bool is not one, though Python says it is) of at least `least`."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
 def _check_filters(filters):
     try:
         pairs = [tuple(f) for f in filters]
-        ok = bool(pairs) and all(
-            len(p) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in p) for p in pairs
-        )
+        ok = bool(pairs) and all(len(p) == 2 and all(_is_int_from(v, 1) for v in p) for p in pairs)
     except TypeError:
         ok = False
     if not ok:

@@ -237,7 +237,8 @@ def embed_file(
     import h5py
     from tqdm.auto import tqdm
 
-    from .configuration_elmo import word_byte_limit, word_is_cut
+    from .configuration_elmo import quoted_word, word_byte_limit, word_is_cut
+    from .tokenization_elmo import CUT_WORD_NOTICE
 
     if layers not in LAYER_CHOICES:
         raise ValueError(f"layers must be one of {LAYER_CHOICES}, got {layers!r}.")
@@ -255,7 +256,7 @@ def embed_file(
     summary = EmbedSummary(output_path=output_path)
     width = tokenizer.max_characters_per_token
     # Lines with cut words are reported here, with their numbers: the tokenizer's one notice would repeat the first.
-    tokenizer._cut_word_logged = True
+    tokenizer.deprecation_warnings[CUT_WORD_NOTICE] = True
     # The partial file is created on entry, before any work: a folder that cannot be written is reported at once,
     # in our words rather than h5py's. It is flushed and renamed into place only when the whole input is embedded.
     with handle, atomic_output_file(output_path, replace=overwrite) as partial:
@@ -279,9 +280,9 @@ def embed_file(
                     cut = [word for word in words if word_is_cut(word, width)]
                     if cut and summary.note("cut_word", number):
                         logger.warning(
-                            "%s, line %d: %d word(s) longer than %d UTF-8 bytes (the first: %r); the model reads "
+                            "%s, line %d: %d word(s) longer than %d UTF-8 bytes (the first: %s); the model reads "
                             "each as its first %d bytes, as bilm-tf does", input_name(input_path), number, len(cut),
-                            word_byte_limit(width), cut[0][:40] + "..." * (len(cut[0]) > 40), word_byte_limit(width))
+                            word_byte_limit(width), quoted_word(cut[0]), word_byte_limit(width))
                     if not words:
                         if summary.note("empty", number):
                             logger.warning("%s, line %d: no words; stored as the empty dataset %r",

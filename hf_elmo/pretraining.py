@@ -250,7 +250,7 @@ def checked_vocab(path: str, option: str) -> list[str]:
 def warn_of_cut_words(words: list[str], vocab_file: str, max_characters_per_token: int) -> None:
     """A vocabulary of many words longer than a char row holds is usually text that needs a segmenter (--pre-tokenizer
     MODULE:FUNCTION): such words all look alike to the model wherever their first bytes are alike."""
-    from .configuration_elmo import word_byte_limit, word_is_cut
+    from .configuration_elmo import quoted_word, word_byte_limit, word_is_cut
 
     cut = [word for word in words if word_is_cut(word, max_characters_per_token)]
     limit = word_byte_limit(max_characters_per_token)
@@ -258,7 +258,7 @@ def warn_of_cut_words(words: list[str], vocab_file: str, max_characters_per_toke
         logger.warning("%s: %d of its %d words are longer than %d UTF-8 bytes, and the model reads each as its first "
                        "%d bytes (the most frequent: %s). For text written without spaces, segment it first "
                        "(--pre-tokenizer)", vocab_file, len(cut), len(words), limit, limit,
-                       ", ".join(repr(word[:40]) for word in cut[:3]))
+                       ", ".join(quoted_word(word) for word in cut[:3]))
 
 
 def load_encoder(args):

@@ -35,6 +35,7 @@ from .configuration_elmo import (
     PAD_CHAR,
     char_ids_to_word,
     package_module,
+    quoted_word,
     word_byte_limit,
     word_is_cut,
     word_to_char_ids,
@@ -54,6 +55,7 @@ VOCAB_FILE_NAME = "vocab.txt"
 UNKNOWN_WORD = "<UNK>"
 SPECIAL_WORDS = (BEGIN_SENTENCE_WORD, END_SENTENCE_WORD, UNKNOWN_WORD)
 MAX_TERM_ID_LINE = "!!!MAXTERMID"
+CUT_WORD_NOTICE = "cut-word"  # its key in `deprecation_warnings`, where Transformers notes what a tokenizer said once
 # Writes a file whole or not at all, where hf_elmo is installed; a saved folder's copy writes as Transformers does.
 atomic_file = package_module("atomic_file")
 
@@ -459,7 +461,6 @@ class ElmoTokenizer(PreTrainedTokenizer):
     vocab_files_names = VOCAB_FILES_NAMES
     model_input_names = ["input_ids", "attention_mask"]
     padding_side = "right"
-    _cut_word_logged = False  # until this tokenizer meets its first cut word (a class default: also when unpickled)
 
     def __init__(
         self,
@@ -606,12 +607,11 @@ class ElmoTokenizer(PreTrainedTokenizer):
 
     def _char_row(self, word: str) -> list[int]:
         row, cut = _cached_char_row(word, self.max_characters_per_token)
-        if cut and not self._cut_word_logged:
-            self._cut_word_logged = True  # once, as Transformers' tokenizers say once that a text is too long
-            shown = word if len(word) <= 40 else word[:40] + "..."
+        if cut and not self.deprecation_warnings.get(CUT_WORD_NOTICE):
+            self.deprecation_warnings[CUT_WORD_NOTICE] = True
             logger.warning(
                 f"ElmoTokenizer: the model reads a word as its first {word_byte_limit(self.max_characters_per_token)} "
-                f"UTF-8 bytes, as bilm-tf does, and sees nothing of the rest of {shown!r} "
+                f"UTF-8 bytes, as bilm-tf does, and sees nothing of the rest of {quoted_word(word)} "
                 f"({len(word.encode('utf-8', errors='ignore'))} bytes). Longer words are not reported again."
             )
         return list(row)

@@ -324,13 +324,13 @@ def test_bad_labels_and_configs_are_clear_errors():
 # ------------------------------------------------------------------------------------------------ vocabulary, data
 def test_a_vocabulary_of_words_longer_than_a_char_row_is_one_warning(caplog):
     caplog.set_level("WARNING", logger="hf_elmo.pretraining")
-    unsegmented = ["我爱北京天安门" * 3, "天安门" * 6, "北京" * 9, "门" * 17]  # 63, 54, 54 and 51 bytes
+    unsegmented = ["我爱北京天安门" * 6, "天安门" * 6, "北京" * 9, "门" * 17]  # 126 (42 characters), 54, 54, 51 bytes
     words = ["<S>", "</S>", "<UNK>", "the", *unsegmented, "我爱北京天安门我爱北京天安门我爱"]  # the last: 48 bytes
     warn_of_cut_words(words, "vocab.txt", max_characters_per_token=50)
     assert [r.getMessage() for r in caplog.records] == [
         "vocab.txt: 4 of its 9 words are longer than 48 UTF-8 bytes, and the model reads each as its first 48 bytes "
-        f"(the most frequent: {unsegmented[0]!r}, {unsegmented[1]!r}, {unsegmented[2]!r}). For text written without "
-        "spaces, segment it first (--pre-tokenizer)"]
+        f"(the most frequent: {unsegmented[0][:40] + '...'!r}, {unsegmented[1]!r}, {unsegmented[2]!r}). For text "
+        "written without spaces, segment it first (--pre-tokenizer)"]
     warn_of_cut_words(words[:4] + ["abcdefghij"], "vocab.txt", max_characters_per_token=12)  # rows of 10 bytes
     warn_of_cut_words(words[:4] + ["abcdefghijk"], "vocab.txt", max_characters_per_token=12)
     assert len(caplog.records) == 2 and caplog.records[1].getMessage().startswith(

@@ -26,8 +26,8 @@ SENTENCES = ["The bank raised its rates on Monday .", "We sat on the river bank 
 # shipped too: 18 files, then 11).
 CODE_FILES = {"configuration_elmo.py", "modeling_elmo.py", "tokenization_elmo.py", "pipeline_elmo.py"}
 # What a reader of those files faces, held where it is (issue 41 asks for about 1,500; 3,719 lines in 11 files before;
-# 3,190 until the tokenizer said which word it cut).
-MAX_CODE_LINES = 3_215
+# 3,190 until the tokenizer said which word it cut; 3,215 until one function quoted words for every message).
+MAX_CODE_LINES = 3_218
 # (Auto class, model class) for every model class an ELMo folder can be loaded as.
 AUTO_MODELS = [
     (auto, getattr(modeling_elmo, reference.split(".")[-1]))
