@@ -802,13 +802,15 @@ def test_a_killed_runs_output_lock_is_free_at_once_though_its_forked_workers_liv
 import os, sys, time
 from hf_elmo.safe_output import OutputLock
 lock = OutputLock({str(output)!r}, {sibling_lock_file(str(output))!r}, "test", "--output-dir")
-child = os.fork()
-if child == 0:  # a worker: lives on after its parent is killed
+if os.fork() == 0:  # a worker: lives on after its parent is killed
+    print(os.getpid(), flush=True)  # from the worker itself, so once its fork handlers have run (see below)
     time.sleep(60)
     os._exit(0)
-print(child, flush=True)
 time.sleep(60)
 """], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    # The worker closes its copy of the lock as the fork returns in it; its parent, killed the moment the fork
+    # returned there, could otherwise die before the worker was first scheduled, still holding the lock (this test
+    # failed so once in three runs of the suite on a 2-core VM).
     worker = int(holder.stdout.readline())
     try:
         holder.kill()
