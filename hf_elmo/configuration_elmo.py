@@ -444,15 +444,12 @@ class ElmoConfig(PreTrainedConfig):
         self._validate_pretraining_fields()
 
     def _validate_task_head_fields(self):
-        def is_number(value):
-            return isinstance(value, (int, float)) and not isinstance(value, bool)
-
         for field in ("freeze_elmo", "mix_layer_norm", "head_crf"):
             if not isinstance(getattr(self, field), bool):
                 raise ValueError(f"ElmoConfig.{field} must be a bool, got {getattr(self, field)!r}.")
-        if not is_number(self.mix_l2_coef) or not self.mix_l2_coef >= 0:
+        if not _is_number(self.mix_l2_coef) or not self.mix_l2_coef >= 0:
             raise ValueError(f"ElmoConfig.mix_l2_coef must be a number >= 0, got {self.mix_l2_coef!r}.")
-        if not is_number(self.mix_dropout) or not 0 <= self.mix_dropout < 1:
+        if not _is_number(self.mix_dropout) or not 0 <= self.mix_dropout < 1:
             raise ValueError(f"ElmoConfig.mix_dropout must be a probability in [0, 1), got {self.mix_dropout!r}.")
         if self.head_lstm_dim is not None and not _is_int_from(self.head_lstm_dim, 1):
             raise ValueError(f"ElmoConfig.head_lstm_dim must be a positive integer or None, got {self.head_lstm_dim!r}.")
@@ -477,9 +474,12 @@ class ElmoConfig(PreTrainedConfig):
                     )
         if self.bos_word_id == self.eos_word_id:
             raise ValueError(f"ElmoConfig.bos_word_id and eos_word_id must differ, both are {self.bos_word_id}.")
-        dropout = self.lm_dropout
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise ValueError(f"ElmoConfig.lm_dropout must be a probability in [0, 1), got {dropout!r}.")
+        if not _is_number(self.lm_dropout) or not 0 <= self.lm_dropout < 1:
+            raise ValueError(f"ElmoConfig.lm_dropout must be a probability in [0, 1), got {self.lm_dropout!r}.")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _is_int_from(value, least: int) -> bool:
