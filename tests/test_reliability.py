@@ -810,7 +810,7 @@ time.sleep(60)
 """], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     # The worker closes its copy of the lock as the fork returns in it; its parent, killed the moment the fork
     # returned there, could otherwise die before the worker was first scheduled, still holding the lock (this test
-    # failed so once in three runs of the suite on a 2-core VM).
+    # failed that way once in three runs of the suite on a 2-core VM).
     worker = int(holder.stdout.readline())
     try:
         holder.kill()
