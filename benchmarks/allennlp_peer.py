@@ -48,6 +48,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 
@@ -224,9 +225,13 @@ def wheel_path(given: str | None = None) -> str:
     if not os.path.exists(wheel):
         os.makedirs(cache, exist_ok=True)
         print(f"allennlp_peer: fetching {WHEEL_NAME} into {cache} (pip download --no-deps)", file=sys.stderr)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "allennlp==0.9.0",
-                               "-d", cache])
-        if done.returncode != 0 or not os.path.exists(wheel):
+        # Into a folder of its own, moved into place whole: the test suite's workers may be reading the same cache.
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as download:
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                                   "allennlp==0.9.0", "-d", download])
+            if done.returncode == 0 and os.path.exists(os.path.join(download, WHEEL_NAME)):
+                os.replace(os.path.join(download, WHEEL_NAME), wheel)
+        if not os.path.exists(wheel):
             sys.exit(f"allennlp_peer: could not fetch allennlp==0.9.0 with pip; pass --wheel PATH to a local {WHEEL_NAME}")
     return wheel
 

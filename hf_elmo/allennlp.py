@@ -103,6 +103,7 @@ def load_bilm(options_file: str | None, weight_file: str | None = None):
     from .model_source import resolve_model
     from .modeling_elmo import ElmoModel
     from .run_record import sha256_of
+    from .safe_output import cache_fill_lock
 
     if options_file is None:
         raise ValueError("options_file is required (a bilm-tf options.json, a converted folder or a Hub id), "
@@ -114,12 +115,11 @@ def load_bilm(options_file: str | None, weight_file: str | None = None):
     key = hashlib.sha256((sha256_of(options) + sha256_of(weights)).encode()).hexdigest()[:32]
     folder = os.path.join(cache_dir(), f"converted-{key}")
     if not os.path.isfile(os.path.join(folder, "model.safetensors")):
-        logger.info("Converting %s and %s into %s (once)", options_file, weight_file, folder)
-        os.makedirs(cache_dir(), exist_ok=True)
-        try:
-            convert_bilm_tf_to_hf(options, weights, folder, progress=False)
-        except FileExistsError:  # another process converted the same files meanwhile
-            pass
+        # A second process converting the same files waits for the first, then loads what it wrote.
+        with cache_fill_lock(cache_dir()):
+            if not os.path.isfile(os.path.join(folder, "model.safetensors")):
+                logger.info("Converting %s and %s into %s (once)", options_file, weight_file, folder)
+                convert_bilm_tf_to_hf(options, weights, folder, progress=False)
     return ElmoModel.from_pretrained(folder)
 
 

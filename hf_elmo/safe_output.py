@@ -243,6 +243,26 @@ class OutputLock:
         self.release()
 
 
+@contextlib.contextmanager
+def cache_fill_lock(cache: str | os.PathLike):
+    """
+    Held while this process fills an entry of the cache folder `cache` (a download, an unpacked wheel, a converted
+    model): another process filling the same cache waits here until this one is done, then finds the entry there, so
+    each filler checks for its entry again inside the block. Without it, two test workers or two scripts started at
+    once each began the same entry, and one removed or refused what the other was writing. Unlike `OutputLock`, a
+    second process waits instead of being refused. Where the platform has no fcntl, nothing waits.
+    """
+    os.makedirs(cache, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(os.path.join(cache, ".filling.lock"), "a", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def is_within(path: str, folder: str) -> bool:
     """Whether `path` is `folder` or inside it (both resolved through symlinks)."""
     path, folder = os.path.realpath(path), os.path.realpath(folder)

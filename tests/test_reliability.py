@@ -820,3 +820,28 @@ time.sleep(60)
             assert lock.existed  # the killed run's file, taken over
     finally:
         os.kill(worker, signal.SIGKILL)
+
+
+FILL_A_CACHE = """
+import sys
+from hf_elmo.safe_output import cache_fill_lock
+print("waiting", flush=True)
+with cache_fill_lock(sys.argv[1]):
+    print("filling", flush=True)
+"""
+
+
+def test_a_second_process_filling_a_cache_waits_for_the_first(tmp_path):
+    # The test suite's two workers (README: pytest -n 2) fill one data cache; a second filler must wait, not start
+    # the same entry (it removed a tree the first had just unpacked) or be refused.
+    from hf_elmo.safe_output import cache_fill_lock
+
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    with cache_fill_lock(tmp_path):
+        child = subprocess.Popen([sys.executable, "-c", FILL_A_CACHE, str(tmp_path)], stdout=subprocess.PIPE,
+                                 text=True, env=env)
+        assert child.stdout.readline() == "waiting\n"
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=1.0)  # blocked on the lock this process holds
+    assert child.communicate(timeout=60)[0] == "filling\n" and child.returncode == 0
+    assert os.listdir(tmp_path) == [".filling.lock"]  # the lock's file stays; nothing else is written
