@@ -780,6 +780,7 @@ def test_commands_leave_nothing_in_the_temporary_folder(converted_dir, tmp_path)
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "HF_HUB_OFFLINE": "1", "TMPDIR": str(scratch),
            "XDG_CACHE_HOME": str(cache)}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    env.pop("HF_ELMO_CACHE", None)  # the user's cache is then $XDG_CACHE_HOME/hf_elmo
     examples = pathlib.Path(REPO_ROOT) / "examples"
     commands = [[sys.executable, "-m", "hf_elmo.cli", "publish", str(converted_dir), "--repo-id", "you/elmo",
                  "--dry-run"],
