@@ -67,7 +67,7 @@ import workload  # noqa: E402
 
 from hf_elmo.bilm_tf import config_from_options, read_options, read_weights  # noqa: E402
 from hf_elmo.modeling_elmo import ElmoModel  # noqa: E402
-from hf_elmo.safe_output import cache_fill_lock  # noqa: E402
+from hf_elmo.safe_output import fill_cache_once  # noqa: E402
 from hf_elmo.tokenization_elmo import ElmoTokenizer  # noqa: E402
 
 
@@ -78,17 +78,17 @@ def converted_folder(options: str, weights: str, cache_dir: str) -> str:
     """The bilm-tf pair as a Hugging Face folder, converted once in a child process (so no h5py in this one)."""
     key = "|".join(f"{os.path.abspath(p)}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}" for p in (options, weights))
     folder = os.path.join(cache_dir, "converted", hashlib.sha1(key.encode()).hexdigest()[:16])
-    if os.path.isfile(os.path.join(folder, "config.json")):
-        return folder
+
+    def convert():
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+        command = [sys.executable, "-m", "hf_elmo.cli", "convert", "--options", options, "--weights", weights,
+                   "--output", folder, "--overwrite", "--no-progress"]
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"bench_inference: converting {weights} failed:\n{done.stderr[-3000:]}")
+
     # One conversion at a time: a second benchmark converting the same pair waits, then finds the folder.
-    with cache_fill_lock(cache_dir):
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
-            command = [sys.executable, "-m", "hf_elmo.cli", "convert", "--options", options, "--weights", weights,
-                       "--output", folder, "--overwrite", "--no-progress"]
-            done = subprocess.run(command, env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                sys.exit(f"bench_inference: converting {weights} failed:\n{done.stderr[-3000:]}")
+    fill_cache_once(cache_dir, lambda: os.path.isfile(os.path.join(folder, "config.json")), convert)
     return folder
 
 

@@ -103,7 +103,7 @@ def load_bilm(options_file: str | None, weight_file: str | None = None):
     from .model_source import resolve_model
     from .modeling_elmo import ElmoModel
     from .run_record import sha256_of
-    from .safe_output import cache_fill_lock
+    from .safe_output import fill_cache_once
 
     if options_file is None:
         raise ValueError("options_file is required (a bilm-tf options.json, a converted folder or a Hub id), "
@@ -114,12 +114,13 @@ def load_bilm(options_file: str | None, weight_file: str | None = None):
     options, weights = _local_file(options_file), _local_file(weight_file)
     key = hashlib.sha256((sha256_of(options) + sha256_of(weights)).encode()).hexdigest()[:32]
     folder = os.path.join(cache_dir(), f"converted-{key}")
-    if not os.path.isfile(os.path.join(folder, "model.safetensors")):
-        # A second process converting the same files waits for the first, then loads what it wrote.
-        with cache_fill_lock(cache_dir()):
-            if not os.path.isfile(os.path.join(folder, "model.safetensors")):
-                logger.info("Converting %s and %s into %s (once)", options_file, weight_file, folder)
-                convert_bilm_tf_to_hf(options, weights, folder, progress=False)
+
+    def convert():
+        logger.info("Converting %s and %s into %s (once)", options_file, weight_file, folder)
+        convert_bilm_tf_to_hf(options, weights, folder, progress=False)
+
+    # A second process converting the same files waits for the first, then loads what it wrote.
+    fill_cache_once(cache_dir(), lambda: os.path.isfile(os.path.join(folder, "model.safetensors")), convert)
     return ElmoModel.from_pretrained(folder)
 
 

