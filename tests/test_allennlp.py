@@ -183,9 +183,9 @@ def test_weights_convert_once_into_a_cache_keyed_by_their_sha256(files, converte
 
 
 def test_a_conversion_under_way_in_another_process_is_waited_for_and_loaded(files, tmp_path, monkeypatch):
-    # Two processes started at once with the same weights: the second was refused by the first's conversion lock,
-    # then failed to load the half-written folder. Here this test plays the first process: it holds the cache while
-    # the drop-in (in a thread) asks for the same weights, which must wait and then load what the test converted.
+    # Two processes started at once with the same weights: the second could be refused by the first's conversion
+    # lock, then fail to load the half-written folder. Here this test plays the first process: it holds the cache
+    # while the drop-in (in a thread) asks for the same weights, which must wait and then load what the test converted.
     import hashlib
     import threading
 

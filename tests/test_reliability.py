@@ -834,7 +834,7 @@ with cache_fill_lock(sys.argv[1]):
 
 def test_a_second_process_filling_a_cache_waits_for_the_first(tmp_path):
     # The test suite's two workers (README: pytest -n 2) fill one data cache; a second filler must wait, not start
-    # the same entry (it removed a tree the first had just unpacked) or be refused.
+    # the same entry (it could remove a tree the first had just unpacked) or be refused.
     from hf_elmo.safe_output import cache_fill_lock
 
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
