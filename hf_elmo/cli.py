@@ -265,23 +265,18 @@ def _run_convert(args, parser) -> int:
 
 
 def _run_embed(args) -> int:
-    import torch
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
     from .embed import EmbedInputError, check_input, embed_file, load_model_and_tokenizer
     from .safe_output import check_replaceable_file
 
-    # Before loading the model: a bad input or an output that may not be written is reported at once.
+    # Before loading the model, and before importing torch (seconds): a bad input or an output that may not be
+    # written is reported at once.
     check_input(args.input)
     check_replaceable_file(os.path.abspath(args.output), args.overwrite, inputs=[args.input])
-    if args.int8:
-        from .int8_weights import check_int8_cpu
+    if args.int8 and args.device not in (None, "cpu"):
+        raise EmbedInputError(f"--int8 runs on the CPU only; drop --device {args.device} or --int8.")
+    model, tokenizer = load_model_and_tokenizer(args.model, args.device, int8_weights=args.int8)
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
-        if args.device not in (None, "cpu"):
-            raise EmbedInputError(f"--int8 runs on the CPU only; drop --device {args.device} or --int8.")
-        check_int8_cpu()
-    device = "cpu" if args.int8 else args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_model_and_tokenizer(args.model, device, int8_weights=args.int8)
     with logging_redirect_tqdm():
         summary = embed_file(
             args.input, args.output, model, tokenizer, layers=args.layers, tokenized=args.tokenized,
@@ -295,12 +290,14 @@ def _run_embed(args) -> int:
 
 
 def _run_allennlp_elmo(args) -> int:
-    from . import allennlp
     from .embed import EmbedInputError, check_input
     from .safe_output import check_replaceable_file
 
+    # Before importing torch (seconds), as in `_run_embed`.
     check_input(args.input_file)
     check_replaceable_file(os.path.abspath(args.output_file), args.overwrite, inputs=[args.input_file])
+    from . import allennlp
+
     weight_file = args.weight_file or allennlp.DEFAULT_WEIGHT_FILE
     try:
         allennlp.read_sentences(args.input_file)  # a blank line is reported before the model is loaded
@@ -386,23 +383,33 @@ def report_error(error: BaseException) -> int:
     return ERROR_EXIT
 
 
+# The failures every command reports in one line: (module, names of its exception classes). "." is this package.
+EXPECTED_ERRORS = (
+    (".bilm_tf", ("BilmTfFormatError",)),
+    (".embed", ("EmbedInputError", "EmbedOutputError")),
+    (".finetuning", ("DataFileError",)),
+    (".int8_weights", ("Int8CpuError",)),
+    (".model_source", ("ModelSourceError",)),
+    (".publish", ("PublishError",)),
+    (".weight_checks", ("WeightCheckError",)),
+    (".pretraining", ("TrainingDiverged", "DataPipelineError")),
+    (".pretraining_checkpoints", ("CheckpointError",)),
+    (".pretraining_data", ("CorpusError",)),
+    ("huggingface_hub.errors", ("HfHubHTTPError",)),
+)
+
+
 def _expected_errors() -> tuple:
-    """The failures every command reports in one line (imported when one happens: some modules need torch)."""
-    pretraining = sys.modules.get(f"{__package__}.pretraining")  # its errors exist only once it is imported
-    pretraining_data = sys.modules.get(f"{__package__}.pretraining_data")
-    from huggingface_hub.errors import HfHubHTTPError
-
-    from .bilm_tf import BilmTfFormatError
-    from .embed import EmbedInputError, EmbedOutputError
-    from .finetuning import DataFileError
-    from .int8_weights import Int8CpuError
-    from .model_source import ModelSourceError
-    from .publish import PublishError
-    from .weight_checks import WeightCheckError
-
-    return (BilmTfFormatError, EmbedInputError, EmbedOutputError, PublishError, ModelSourceError, WeightCheckError,
-            FileExistsError, HfHubHTTPError, DataFileError, Int8CpuError, *(pretraining.RUN_ERRORS if pretraining else ()),
-            *((pretraining_data.CorpusError,) if pretraining_data else ()))
+    """
+    The classes of `EXPECTED_ERRORS` whose modules are imported. An error can only have been raised by a module
+    that is, so none is imported here: importing them all (the model's modules import torch and Transformers) made
+    a one-line error about a missing file take 4-6 s.
+    """
+    classes = [FileExistsError]
+    for module, names in EXPECTED_ERRORS:
+        loaded = sys.modules.get(f"{__package__}{module}" if module.startswith(".") else module)
+        classes.extend(getattr(loaded, name) for name in names if loaded is not None)
+    return tuple(classes)
 
 
 def run_reporting_errors(run, what: str) -> int:

@@ -185,19 +185,28 @@ def _line_numbers(numbers: list[int], count: int) -> str:
 
 
 def load_model_and_tokenizer(
-    model_name_or_path: str, device: str, int8_weights: bool = False
+    model_name_or_path: str, device: str | None = None, int8_weights: bool = False
 ) -> tuple[ElmoModel, ElmoTokenizer]:
     """
-    The biLM of any ELMo folder or Hub repo (a head checkpoint gives its biLM), and its tokenizer. Weights that are
-    missing or not finite, and tokenizer files that exist but cannot be loaded, are errors: either would give
-    wrong vectors without a word. `int8_weights`: the biLM with int8 weights, for the CPU (`quantize_int8`).
+    The biLM of any ELMo folder or Hub repo (a head checkpoint gives its biLM), and its tokenizer, on `device`
+    (None: the GPU where there is one; the CPU with `int8_weights`). Weights that are missing or not finite, and
+    tokenizer files that exist but cannot be loaded, are errors: either would give wrong vectors without a word.
+    `int8_weights`: the biLM with int8 weights, for the CPU (`quantize_int8`).
     """
+    # Resolved before torch and Transformers are imported (seconds): a wrong name is reported at once.
+    name, extra = resolve_model(model_name_or_path)
+    import torch
     from transformers.utils import cached_file
 
     from .modeling_elmo import ElmoModel
     from .tokenization_elmo import ElmoTokenizer
 
-    name, extra = resolve_model(model_name_or_path)
+    if int8_weights:
+        from .int8_weights import check_int8_cpu
+
+        check_int8_cpu()  # before loading: a CPU without a fast int8 kernel is told at once
+    if device is None:
+        device = "cpu" if int8_weights or not torch.cuda.is_available() else "cuda"
     model = ElmoModel.from_pretrained(name, int8_weights=int8_weights, **extra).to(device).eval()
     config_file = cached_file(name, "tokenizer_config.json", _raise_exceptions_for_missing_entries=False, **extra)
     if config_file is None:

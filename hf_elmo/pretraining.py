@@ -107,9 +107,8 @@ class TrainingProgress:
 # ---------------------------------------------------------------------------------------------------------------
 # Command line (the options themselves: hf_elmo.pretraining_args)
 # ---------------------------------------------------------------------------------------------------------------
-# The errors a run reports in one line (hf_elmo.cli's wrapper reports them; BilmTfFormatError, the corpus's
-# CorpusError and OSErrors are reported there too).
-RUN_ERRORS = (TrainingDiverged, CheckpointError, DataPipelineError)
+# A run's TrainingDiverged, CheckpointError and DataPipelineError are reported in one line by hf_elmo.cli's wrapper
+# (its EXPECTED_ERRORS), as are BilmTfFormatError, the corpus's CorpusError and OSErrors.
 
 
 def run(args) -> int:

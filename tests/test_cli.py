@@ -18,7 +18,7 @@ import torch
 from hf_elmo import ElmoModel, ElmoTokenizer
 from hf_elmo.cli import build_parser, main
 from hf_elmo.testing_utils import run_together
-from help_imports import help_and_heavy_imports
+from help_imports import error_and_heavy_imports, help_and_heavy_imports
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,6 +152,23 @@ def test_help_imports_neither_torch_nor_transformers(command):
     help_text, imported = help_and_heavy_imports(*command)
     assert help_text.startswith(f"usage: hf-elmo {command[0] if command else ''}".rstrip()), help_text
     assert imported == []
+
+
+@pytest.mark.parametrize("command, error", [
+    (["embed", "{missing}", "{out}", "--model", "{missing}"], "error: {missing}: input file not found."),
+    (["embed", "-", "{out}", "--model", "{missing}"],
+     "error: {missing}: no such folder (and not a Hub repo id of the form owner/name)."),
+    (["allennlp-elmo", "{missing}", "{out}", "--all"], "error: {missing}: input file not found."),
+    (["allennlp-elmo", "{input}", "{input}", "--all"],
+     "error: {input}: is the input {input}; writing there would destroy it."),
+])
+def test_a_missing_input_or_a_wrong_output_is_reported_before_torch_is_imported(command, error, tmp_path):
+    # Importing torch and Transformers took 4-6 s of a one-line error about a missing file.
+    paths = {"missing": str(tmp_path / "missing"), "out": str(tmp_path / "out.hdf5"), "input": __file__}
+    stderr, imported = error_and_heavy_imports(*(part.format(**paths) for part in command))
+    assert stderr.strip().splitlines()[-1] == error.format(**paths)
+    assert imported == []
+    assert not os.path.exists(paths["out"])
 
 
 # ---------------------------------------------------------------------------------------------- convert
