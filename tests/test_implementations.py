@@ -212,7 +212,11 @@ def test_steps_that_compute_finished_rows_too_give_the_same_result(model, extra,
     # that on every step (all columns that hold a state, or one more than the rows reading), with clipping active
     # and a carried state.
     ids = make_batch([7, 1, 12, 4, 12, 2, 9], seed=31)
-    state = tuple(torch.randn(2, 2, 7, size) for size in (24, 8))
+    # Random states of this chaotic model leave the two implementations up to 3e-5 apart (11 of 200 draws above
+    # 1e-5 with AVX-512 kernels, 15 with AVX2), by the order of fp32 sums alone: each is as far from a float64 run
+    # as the other. This draw: 4e-6 with AVX-512, 7e-6 with AVX2.
+    generator = torch.Generator().manual_seed(31)
+    state = tuple(torch.randn(2, 2, 7, size, generator=generator) for size in (24, 8))
     with torch.no_grad():
         reference = run(model, ids, "reference", lstm_state=state)
         chosen = []
