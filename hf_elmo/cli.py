@@ -392,7 +392,7 @@ EXPECTED_ERRORS = (
     (".model_source", ("ModelSourceError",)),
     (".publish", ("PublishError",)),
     (".weight_checks", ("WeightCheckError",)),
-    (".pretraining", ("TrainingDiverged", "DataPipelineError")),
+    (".pretraining", ("TrainingDiverged", "DataPipelineError", "DeviceOptionError")),
     (".pretraining_checkpoints", ("CheckpointError",)),
     (".pretraining_data", ("CorpusError",)),
     ("huggingface_hub.errors", ("HfHubHTTPError",)),

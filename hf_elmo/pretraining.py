@@ -67,9 +67,19 @@ def padding_multiple(config, device, captured: bool = False) -> int:
 
 
 def use_captured_step(args, device, mixed_precision: str) -> bool:
-    """--training-step resolved: "auto" is the captured step on a GPU where the options allow it (logged)."""
+    """--training-step resolved: "auto" is the captured step on a GPU where the options allow it (logged). A
+    captured step compiled by inductor needs a GPU (`DeviceOptionError` elsewhere)."""
     from .pretraining_args import captured_step_unsupported
 
+    if args.training_step == "captured" and args.compile_backend == "inductor" and device.type != "cuda":
+        # Simulated with ATEN_CPU_CAPABILITY=avx2 (inductor then writes AVX2 code), the step aborted the run from
+        # inside its C++ ("terminate called after throwing ..."): torch 2.13's vectorised CPU code takes broadcast
+        # bool masks wrongly (tests/test_implementations.py). Nothing needs it: aot_eager traces the same graphs.
+        raise DeviceOptionError(
+            f"--compile-backend inductor compiles the captured step for a GPU, and this run trains on {device.type}: "
+            "use --compile-backend none (the default) or aot_eager there (torch 2.13's inductor writes wrong "
+            "vectorised C++ for this step on CPUs without AVX-512)."
+        )
     if args.training_step != "auto":
         return args.training_step == "captured"
     if device.type != "cuda":
@@ -86,6 +96,10 @@ class TrainingDiverged(RuntimeError):
 
 class DataPipelineError(RuntimeError):
     """The DataLoader workers stopped delivering batches."""
+
+
+class DeviceOptionError(ValueError):
+    """An option that the device this run trains on cannot take."""
 
 
 @dataclasses.dataclass
@@ -107,8 +121,8 @@ class TrainingProgress:
 # ---------------------------------------------------------------------------------------------------------------
 # Command line (the options themselves: hf_elmo.pretraining_args)
 # ---------------------------------------------------------------------------------------------------------------
-# A run's TrainingDiverged, CheckpointError and DataPipelineError are reported in one line by hf_elmo.cli's wrapper
-# (its EXPECTED_ERRORS), as are BilmTfFormatError, the corpus's CorpusError and OSErrors.
+# A run's TrainingDiverged, CheckpointError, DataPipelineError and DeviceOptionError are reported in one line by
+# hf_elmo.cli's wrapper (its EXPECTED_ERRORS), as are BilmTfFormatError, the corpus's CorpusError and OSErrors.
 
 
 def run(args) -> int:

@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "CPU. auto (default): captured on a GPU where the options allow it, else eager.")
     train.add_argument("--compile-backend", choices=("none", "inductor", "aot_eager"), default="none",
                        help="how the captured step makes its graphs. none (default): its functions as they are, "
-                       "recorded as CUDA graphs on a GPU (seconds to start; plain calls on a CPU). inductor: each "
+                       "recorded as CUDA graphs on a GPU (seconds to start; plain calls on a CPU). inductor (a GPU only): each "
                        "function compiled whole by torch.compile, kernels fused, then replayed as CUDA graphs; it "
                        "compiles for minutes per sentence length with 'original' (over 3.5 minutes for one length "
                        "on an H100). aot_eager: traced and checked whole without generating code, quick on a CPU. "

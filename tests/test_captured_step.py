@@ -355,6 +355,17 @@ def _pretrain(corpus, output, *extra) -> int:
     ])
 
 
+def test_inductor_on_a_cpu_is_refused_before_training(english_corpus, tmp_path, capsys):
+    # torch 2.13's inductor wrote wrong vectorised C++ for this step with AVX2 code (simulated on an AVX-512 host
+    # with ATEN_CPU_CAPABILITY=avx2): the run aborted from inside the step.
+    assert _pretrain(english_corpus, tmp_path / "out", "--max-steps", "1", "--compile-backend", "inductor") == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == ("error: --compile-backend inductor compiles the captured step for a GPU, and this run trains on "
+                     "cpu: use --compile-backend none (the default) or aot_eager there (torch 2.13's inductor writes "
+                     "wrong vectorised C++ for this step on CPUs without AVX-512).")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("backend, how", [
     ("aot_eager", "two graphs compiled by torch.compile, backend aot_eager"),
     ("none", "two functions, run as plain calls on the CPU"),  # what a GPU records as CUDA graphs
