@@ -180,12 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "CPU. auto (default): captured on a GPU where the options allow it, else eager.")
     train.add_argument("--compile-backend", choices=("none", "inductor", "aot_eager"), default="none",
                        help="how the captured step makes its graphs. none (default): its functions as they are, "
-                       "recorded as CUDA graphs on a GPU (seconds to start; plain calls on a CPU). inductor (a GPU only): each "
-                       "function compiled whole by torch.compile, kernels fused, then replayed as CUDA graphs; it "
-                       "compiles for minutes per sentence length with 'original' (over 3.5 minutes for one length "
-                       "on an H100). aot_eager: traced and checked whole without generating code, quick on a CPU. "
-                       "Not 'eager': with torch 2.13 its step keeps the step's saved tensors in reference cycles, "
-                       "and memory grew by 150-200 MB a step until the kernel killed the run.")
+                       "recorded as CUDA graphs on a GPU (seconds to start; plain calls on a CPU). inductor (a GPU "
+                       "only): each function compiled whole by torch.compile, kernels fused, then replayed as CUDA "
+                       "graphs; it compiles for minutes per sentence length with 'original' (over 3.5 minutes for one "
+                       "length on an H100). aot_eager: traced and checked whole without generating code, quick on a "
+                       "CPU. Not 'eager': with torch 2.13 its step keeps the step's saved tensors in reference "
+                       "cycles, and memory grew by 150-200 MB a step until the kernel killed the run.")
 
     report = parser.add_argument_group("logging, evaluation, checkpoints")
     report.add_argument("--logging-steps", type=int, default=50,

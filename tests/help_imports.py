@@ -29,12 +29,14 @@ print(json.dumps(sorted(name for name in sys.modules if name.split(".")[0] in ("
 
 def help_and_heavy_imports(*command: str) -> tuple[str, list[str]]:
     """The help text of `command` (hf-elmo's arguments, or a script's path) and the heavy modules printing it took."""
-    return _output_and_heavy_imports("--help", *command)[0::2]
+    help_text, _, imported = _output_and_heavy_imports("--help", *command)
+    return help_text, imported
 
 
 def error_and_heavy_imports(*command: str) -> tuple[str, list[str]]:
     """What `hf-elmo command...` writes to stderr, and the heavy modules it imported."""
-    return _output_and_heavy_imports("--", *command)[1:]
+    _, stderr, imported = _output_and_heavy_imports("--", *command)
+    return stderr, imported
 
 
 def _output_and_heavy_imports(mode: str, *command: str) -> tuple[str, str, list[str]]:
