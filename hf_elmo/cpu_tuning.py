@@ -336,7 +336,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     macs = a.shape[-2] * a.shape[-1] * b.shape[-1] * (a.shape[0] if a.dim() == 3 else 1)
     if not onednn_multiplies(a, macs) or b.dtype != torch.float32:
-        return torch.matmul(a, b)
+        # `bmm`/`mm`, not `torch.matmul`: the same kernels, without matmul's shape dispatch, which doubled the
+        # host's time per product (3 against 6.5 us), paid by each step of a recurrence (benchmarks/gpu_proxies.py).
+        return torch.bmm(a, b) if a.dim() == 3 else torch.mm(a, b)
     if a.dim() == 2:
         return _onednn_matmul(a, b)
     return torch.stack([_onednn_matmul(left, right) for left, right in zip(a, b)])
