@@ -125,10 +125,13 @@ COMPILE_BACKEND = "inductor"
 # Graphs each kernel may keep, one per layout of its inputs: Dynamo guards a view's offset and strides, treats sizes
 # and offsets of 0 and 1 apart, and autocast's dtypes too. A process that trains in fp32 and bf16 (static rows) and
 # runs inference (packed rows) needs more than torch's default of 8 (inductor on the CPU, test_implementations.py),
-# past which a new layout runs eagerly: dozens of kernels a step. One settings object, entered at each call (3 us;
-# building one costs 100 us).
+# past which a new layout runs eagerly: dozens of kernels a step. The limit is raised around each call by Dynamo's
+# own closure patcher, the one `torch.compile(dynamic=True)` applies at each call, not by a `config.patch` object:
+# a kernel that runs eagerly (past the limit, or under a dispatch mode) calls the kernels inside it, and torch
+# 2.11's patch object, shared by every call, raises when it is entered again (or from a second thread); the
+# patcher keeps each call's prior value itself, and costs the host 4.4 us a call where the object cost 10.
 KERNEL_GRAPHS = 32
-_KERNEL_SETTINGS = torch._dynamo.config.patch(recompile_limit=KERNEL_GRAPHS)
+_raise_recompile_limit = torch._dynamo.config._make_closure_patcher(recompile_limit=KERNEL_GRAPHS)
 
 
 def _compiled(function):
@@ -148,8 +151,11 @@ def _compiled(function):
             return function(*args)
         if COMPILE_BACKEND not in compiled:
             compiled[COMPILE_BACKEND] = torch.compile(function, dynamic=True, backend=COMPILE_BACKEND)
-        with _KERNEL_SETTINGS:
+        restore_recompile_limit = _raise_recompile_limit()
+        try:
             return compiled[COMPILE_BACKEND](*args)
+        finally:
+            restore_recompile_limit()
 
     return run
 

@@ -1115,6 +1115,40 @@ def test_training_and_inference_in_one_process_keep_every_step_kernel_compiled(m
     assert {next(name for name in kernels if f"L_{name}_" in graph) for graph in graphs} == set(kernels)
 
 
+def test_a_step_kernel_that_runs_eagerly_can_call_the_kernels_inside_it(monkeypatch):
+    # Under a dispatch mode (as benchmarks/gpu_proxies.py counts operators), or past its recompile limit, Dynamo runs
+    # a compiled kernel's Python as it is, and `_hidden_and_projection_backward` then calls two compiled kernels of
+    # its own while the recompile limit is raised. torch 2.11 (the floor: the GPU image's torch) raised there with a
+    # shared `config.patch` object: "prior should be empty when entering ConfigPatch". The results are the plain
+    # functions' and the limit is Dynamo's own again afterwards.
+    from hf_elmo import elmo_ops
+
+    monkeypatch.setattr(elmo_ops, "COMPILED_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(elmo_ops, "COMPILE_BACKEND", "eager")
+    limits = []
+
+    class SeesTheLimit(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            limits.append(torch._dynamo.config.recompile_limit)
+            return func(*args, **(kwargs or {}))
+
+    generator = torch.Generator().manual_seed(3)
+    grad_hidden, through_gates, projected, grad_output = (torch.randn(2, 5, 4, generator=generator) * 4
+                                                          for _ in range(4))
+    active = torch.tensor([True, False, True, True, False])[None, :, None]
+    arguments = (grad_hidden, through_gates, active, projected, grad_output, active, 3.0)
+    expected = elmo_ops._hidden_and_projection_backward.__wrapped__(*arguments)
+    default_limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.reset()
+    try:
+        with SeesTheLimit():
+            got = elmo_ops._hidden_and_projection_backward(*arguments)
+    finally:
+        torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert set(limits) == {elmo_ops.KERNEL_GRAPHS} and torch._dynamo.config.recompile_limit == default_limit == 8
+
+
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_cuda_bf16_is_no_worse_than_the_reference_in_bf16(device, exact_cuda_matmuls):
