@@ -49,6 +49,7 @@ import time
 
 import torch
 
+from .elmo_ops import with_dynamo_settings
 from .gradient_norm import global_norm
 
 logger = logging.getLogger(__name__)
@@ -60,9 +61,8 @@ GRAPHS_PER_FUNCTION = 64
 
 
 # Dynamo traces `torch.autograd.grad` into the graph (off by default: torch 2.13 graph-breaks on it) and keeps
-# `GRAPHS_PER_FUNCTION` graphs per function. One settings object, entered at each call: building one costs 100 us,
-# entering it 6 us, and a step enters it twice.
-COMPILE_SETTINGS = torch._dynamo.config.patch(trace_autograd_ops=True, recompile_limit=GRAPHS_PER_FUNCTION)
+# `GRAPHS_PER_FUNCTION` graphs per function (applied at each call of the compiled functions: `with_dynamo_settings`).
+COMPILE_SETTINGS = dict(trace_autograd_ops=True, recompile_limit=GRAPHS_PER_FUNCTION)
 
 
 def softmax_rows_read(config, rows: int, words: int) -> int:
@@ -145,8 +145,9 @@ class CapturedTrainingStep:
         # Static shapes: a new length bucket is a graph of its own, never a symbolic one (the recurrence is unrolled
         # over the words, so its length cannot be a symbol).
         compile_options = dict(fullgraph=True, dynamic=False, backend=backend, mode=mode)
-        self._accumulate = torch.compile(self._accumulate_eager, **compile_options)
-        self._update = torch.compile(self._update_eager, **compile_options)
+        self._accumulate = with_dynamo_settings(torch.compile(self._accumulate_eager, **compile_options),
+                                                **COMPILE_SETTINGS)
+        self._update = with_dynamo_settings(torch.compile(self._update_eager, **compile_options), **COMPILE_SETTINGS)
 
     def bind_optimizer_state(self) -> None:
         """Point the graphs at the optimizer's state tensors, as they are when the step is built (a run builds it
@@ -264,8 +265,7 @@ class CapturedTrainingStep:
         if new_shape:  # making a graph takes seconds to minutes: say so, rather than seem to hang
             logger.info("Building the training step's graph for batches of %d rows x %d words", *shape)
             began = time.perf_counter()
-        with COMPILE_SETTINGS:
-            losses = self._accumulate(batch["input_ids"], batch["attention_mask"], batch["labels"])
+        losses = self._accumulate(batch["input_ids"], batch["attention_mask"], batch["labels"])
         if new_shape:
             self.shapes_compiled.add(shape)
             logger.info("Built the training step's graph for %d words in %.1f s (%d length(s) so far)", shape[1],
@@ -280,8 +280,7 @@ class CapturedTrainingStep:
     def update(self) -> torch.Tensor:
         """Clip, apply Adagrad, zero the buffer where the next step adds to it; the gradient norm before clipping,
         on the device."""
-        with COMPILE_SETTINGS:
-            return self._update().clone()
+        return self._update().clone()
 
     def steps_before_first_bad(self) -> int | None:
         """Read back (a sync: at logging steps only): None while every step was finite, else how many steps had

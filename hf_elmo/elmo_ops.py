@@ -125,13 +125,30 @@ COMPILE_BACKEND = "inductor"
 # Graphs each kernel may keep, one per layout of its inputs: Dynamo guards a view's offset and strides, treats sizes
 # and offsets of 0 and 1 apart, and autocast's dtypes too. A process that trains in fp32 and bf16 (static rows) and
 # runs inference (packed rows) needs more than torch's default of 8 (inductor on the CPU, test_implementations.py),
-# past which a new layout runs eagerly: dozens of kernels a step. The limit is raised around each call by Dynamo's
-# own closure patcher, the one `torch.compile(dynamic=True)` applies at each call, not by a `config.patch` object:
-# a kernel that runs eagerly (past the limit, or under a dispatch mode) calls the kernels inside it, and torch
-# 2.11's patch object, shared by every call, raises when it is entered again (or from a second thread); the
-# patcher keeps each call's prior value itself, and costs the host 4.4 us a call where the object cost 10.
+# past which a new layout runs eagerly: dozens of kernels a step.
 KERNEL_GRAPHS = 32
-_raise_recompile_limit = torch._dynamo.config._make_closure_patcher(recompile_limit=KERNEL_GRAPHS)
+
+
+def with_dynamo_settings(function, **settings):
+    """
+    `function`, called with Dynamo's config `settings` in force and restored after each call. They are applied by
+    Dynamo's closure patcher, the one `torch.compile(dynamic=True)` itself applies at each call (torch 2.11 and
+    2.13), not by a `config.patch` object: a compiled kernel that runs eagerly (past its recompile limit, or under a
+    dispatch mode) calls the kernels inside it, and torch 2.11's patch object, shared by every call, raises when it
+    is entered again ("prior should be empty when entering ConfigPatch"), or from a second thread. The patcher keeps
+    each call's prior values itself, and costs the host 4.4 us a call where the object cost 10.
+    """
+    apply_settings = torch._dynamo.config._make_closure_patcher(**settings)
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        restore = apply_settings()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            restore()
+
+    return call
 
 
 def _compiled(function):
@@ -150,12 +167,9 @@ def _compiled(function):
         if args[0].device.type not in COMPILED_DEVICE_TYPES or torch.compiler.is_compiling():
             return function(*args)
         if COMPILE_BACKEND not in compiled:
-            compiled[COMPILE_BACKEND] = torch.compile(function, dynamic=True, backend=COMPILE_BACKEND)
-        restore_recompile_limit = _raise_recompile_limit()
-        try:
-            return compiled[COMPILE_BACKEND](*args)
-        finally:
-            restore_recompile_limit()
+            compiled[COMPILE_BACKEND] = with_dynamo_settings(
+                torch.compile(function, dynamic=True, backend=COMPILE_BACKEND), recompile_limit=KERNEL_GRAPHS)
+        return compiled[COMPILE_BACKEND](*args)
 
     return run
 
