@@ -329,8 +329,8 @@ def onednn_multiplies(tensor: torch.Tensor, macs: int) -> bool:
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     `a @ b` for 2-D operands, or 3-D ones batched over their first dim, where nothing records autograd (inside a
-    hand-written forward or backward): through oneDNN's fp32 linear where `onednn_multiplies`, else
-    `torch.matmul`. oneDNN computes `padded_rows` rows and positions (zeros added, and the
+    hand-written forward or backward): through oneDNN's fp32 linear where `onednn_multiplies`, else `torch.bmm` or
+    `torch.mm`. oneDNN computes `padded_rows` rows and positions (zeros added, and the
     extra rows dropped); callers whose operands would be costly to pad build them padded (`padded_cat`). The
     result may be a transposed view.
     """
@@ -393,7 +393,7 @@ def _onednn_is_faster_for_training() -> bool:
         return False
     with torch.no_grad():
         best = best_times({way: functools.partial(_each_product, product, operands)
-                            for way, product in ((PLAIN, torch.matmul), (ONEDNN, _onednn_matmul))})
+                            for way, product in ((PLAIN, torch.mm), (ONEDNN, _onednn_matmul))})
     faster = fastest_way(best) == ONEDNN
     logger.info("Training's fp32 products go to %s (measured here: BLAS %.2f ms, oneDNN %.2f ms)",
                 "oneDNN" if faster else "the BLAS", best[PLAIN] * 1e3, best[ONEDNN] * 1e3)

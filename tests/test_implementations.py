@@ -1123,6 +1123,12 @@ def test_a_step_kernel_that_runs_eagerly_can_call_the_kernels_inside_it(monkeypa
     # functions' and the limit is Dynamo's own again afterwards.
     from hf_elmo import elmo_ops
 
+    generator = torch.Generator().manual_seed(3)
+    grad_hidden, through_gates, projected, grad_output = (torch.randn(2, 5, 4, generator=generator) * 4
+                                                          for _ in range(4))
+    active = torch.tensor([True, False, True, True, False])[None, :, None]
+    arguments = (grad_hidden, through_gates, active, projected, grad_output, active, 3.0)
+    expected = elmo_ops._hidden_and_projection_backward(*arguments)  # plain calls: the CPU compiles none of them
     monkeypatch.setattr(elmo_ops, "COMPILED_DEVICE_TYPES", ("cpu",))
     monkeypatch.setattr(elmo_ops, "COMPILE_BACKEND", "eager")
     limits = []
@@ -1132,12 +1138,6 @@ def test_a_step_kernel_that_runs_eagerly_can_call_the_kernels_inside_it(monkeypa
             limits.append(torch._dynamo.config.recompile_limit)
             return func(*args, **(kwargs or {}))
 
-    generator = torch.Generator().manual_seed(3)
-    grad_hidden, through_gates, projected, grad_output = (torch.randn(2, 5, 4, generator=generator) * 4
-                                                          for _ in range(4))
-    active = torch.tensor([True, False, True, True, False])[None, :, None]
-    arguments = (grad_hidden, through_gates, active, projected, grad_output, active, 3.0)
-    expected = elmo_ops._hidden_and_projection_backward.__wrapped__(*arguments)
     default_limit = torch._dynamo.config.recompile_limit
     torch._dynamo.reset()
     try:
