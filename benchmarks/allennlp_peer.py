@@ -220,7 +220,9 @@ def wheel_path(given: str | None = None) -> str:
     given = given or os.environ.get("ALLENNLP_WHEEL")
     if given:
         return given
-    cache = os.environ.get("HF_ELMO_TEST_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "hf_elmo_tests"))
+    # hf_elmo.testing_utils.cache_dir's rule (empty: unset), written again: this process never imports hf_elmo.
+    cache = os.path.abspath(os.environ.get("HF_ELMO_TEST_CACHE")
+                            or os.path.join(os.path.expanduser("~"), ".cache", "hf_elmo_tests"))
     wheel = os.path.join(cache, WHEEL_NAME)
     if not os.path.exists(wheel):
         os.makedirs(cache, exist_ok=True)

