@@ -86,10 +86,17 @@ def check_repo_id(repo_id: str) -> None:
         raise PublishError(f"{repo_id!r} is not a valid Hub repository id: {' '.join(str(error).split())}") from None
 
 
-def _load(model_dir: str):
-    config_file = os.path.join(model_dir, "config.json")
+def check_model_folder(model_dir: str) -> None:
+    """The folder's own problems (none there, no model in it), found without loading anything."""
+    if not os.path.isdir(model_dir):
+        what = "no such folder" if not os.path.exists(model_dir) else "not a folder"
+        raise PublishError(f"{model_dir}: {what}; give the folder hf-elmo convert, save_pretrained or a Trainer wrote.")
     if problem := model_folder_problem(model_dir):
         raise PublishError(problem)
+
+
+def _load(model_dir: str):
+    config_file = os.path.join(model_dir, "config.json")
     try:
         with open(config_file, encoding="utf-8") as f:
             content = json.load(f)
@@ -262,8 +269,7 @@ def prepare_folder(
     card_file: str | None = None,
 ) -> PreparedFolder:
     """Write into the empty folder `staging` exactly what `publish` uploads (see the module docstring)."""
-    if not os.path.isdir(model_dir):
-        raise PublishError(f"{model_dir}: not a folder.")
+    check_model_folder(model_dir)
     _refuse_links_outside(model_dir)
     config, model, tokenizer = _load(model_dir)
     model.save_pretrained(staging)
@@ -329,6 +335,8 @@ def publish(
     kept and the CommitInfo is None.
     """
     check_repo_id(repo_id)
+    # The folder's mistakes are the user's to fix first: said before the login, which a typo never needs.
+    check_model_folder(model_dir)
     if card_file is not None and not os.path.isfile(card_file):
         # ModelCard.load would take any other path for a Hub repo id and complain about that.
         what = "no such file" if not os.path.exists(card_file) else "not a regular file (a folder, a FIFO, a device)"
