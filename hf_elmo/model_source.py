@@ -86,13 +86,16 @@ def model_folder_problem(folder: str) -> str | None:
     """
     if os.path.isfile(os.path.join(folder, "config.json")):
         return None
+    expected = "expected a model folder written by hf-elmo convert or save_pretrained."
+    if not os.path.isdir(folder):
+        return f"{folder}: {'not a folder' if os.path.exists(folder) else 'no such folder'}; {expected}"
     from .pretraining_checkpoints import TRAINING_ARGS_FILE, latest_checkpoint
 
     checkpoint = latest_checkpoint(folder)
     if checkpoint and os.path.isfile(os.path.join(folder, TRAINING_ARGS_FILE)):
         return (f"{folder}: an hf-elmo pretrain run that has not finished (no final model yet); use one of its "
                 f"checkpoints instead, e.g. {checkpoint}.")
-    return f"{folder}: no config.json; expected a model folder written by hf-elmo convert or save_pretrained."
+    return f"{folder}: no config.json; {expected}"
 
 
 def _is_no_answer(error: BaseException) -> bool:

@@ -88,9 +88,6 @@ def check_repo_id(repo_id: str) -> None:
 
 def check_model_folder(model_dir: str) -> None:
     """The folder's own problems (none there, no model in it), found without loading anything."""
-    if not os.path.isdir(model_dir):
-        what = "no such folder" if not os.path.exists(model_dir) else "not a folder"
-        raise PublishError(f"{model_dir}: {what}; give the folder hf-elmo convert, save_pretrained or a Trainer wrote.")
     if problem := model_folder_problem(model_dir):
         raise PublishError(problem)
 

@@ -755,7 +755,7 @@ def test_run_errors_and_empty_lines(corpus, tmp_path, caplog, capsys):
                                    "sentences, one per line."]
     assert pretrain_main(["--train-files", str(corpus / "train.txt"), "--build-vocab", "--init-from",
                           str(tmp_path / "nope"), "--output-dir", str(tmp_path / "c"), *args[2:]]) == 1
-    assert error_lines(capsys) == [f"--init-from: {tmp_path / 'nope'}: no config.json; expected a model folder "
+    assert error_lines(capsys) == [f"--init-from: {tmp_path / 'nope'}: no such folder; expected a model folder "
                                    "written by hf-elmo convert or save_pretrained."]
     # A run that fails before its first checkpoint leaves nothing behind (no stray vocab.txt).
     assert not [name for name in os.listdir(tmp_path) if name in "abc"]
