@@ -19,6 +19,7 @@ the two sides' outputs over every layer of every batch, the workload and the mac
 Examples:
   python benchmarks/ab_cpu_implementation.py --baseline HEAD~1 --config small --rounds 10
   python benchmarks/ab_cpu_implementation.py --baseline-dir /tmp/old/hf_elmo --config original --rounds 4
+  HF_ELMO_INT8_KERNEL=bf16-dot python benchmarks/ab_cpu_implementation.py --baseline HEAD~1 --config original --int8
 """
 
 import argparse
@@ -102,6 +103,9 @@ def main(argv: list[str] | None = None):
     workload.add_workload_arguments(parser)
     workload.add_timing_arguments(parser, repeats=3)
     parser.add_argument("--rounds", type=int, default=6, help="rounds, each timing both sides (default 6)")
+    parser.add_argument("--int8", action="store_true",
+                        help="both sides with int8 weights (from_pretrained(int8_weights=True)); each side measures "
+                             "its own kernel: HF_ELMO_INT8_KERNEL=bf16-dot (or int8-pack) gives both the same one")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.repeats < 1:
         parser.error("--rounds and --repeats must be at least 1")
@@ -113,12 +117,18 @@ def main(argv: list[str] | None = None):
         compare(args, sentences, source_name, *baseline_package(args.baseline, args.baseline_dir, scratch))
 
 
+def int8_kernel(model) -> str | None:
+    """The kernel a model's int8 maps multiply on (the `kernel` of its first one)."""
+    return next((module.kernel for module in model.modules() if hasattr(module, "weight_int8")), None)
+
+
 def compare(args, sentences: list[list[str]], source_name: str, folder: str, origin: str):
     baseline_modeling = load_baseline(folder)
     options_path, weights_path = random_bilm.ensure(args.config, args.cache_dir)
     converted = converted_folder(options_path, weights_path, args.cache_dir)
-    sides = {"baseline": baseline_modeling.ElmoModel.from_pretrained(converted).eval(),
-             "current": ElmoModel.from_pretrained(converted).eval()}
+    load = {"int8_weights": True} if args.int8 else {}
+    sides = {"baseline": baseline_modeling.ElmoModel.from_pretrained(converted, **load).eval(),
+             "current": ElmoModel.from_pretrained(converted, **load).eval()}
     for model in sides.values():
         model.set_elmo_implementation("cpu")
     config = sides["current"].config
@@ -158,6 +168,8 @@ def compare(args, sentences: list[list[str]], source_name: str, folder: str, ori
         "threads": args.threads,
         "rounds": args.rounds,
         "repeats": args.repeats,
+        "int8_weights": args.int8,
+        "int8_kernel": {side: int8_kernel(model) for side, model in sides.items()} if args.int8 else None,
         "words_per_s": words_per_s,
         "ratio_per_round": ratios,
         "ratio_median": round(statistics.median(ratios), 3),

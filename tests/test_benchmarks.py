@@ -152,6 +152,24 @@ def test_ab_cpu_implementation_alternates_two_versions_in_one_process(tmp_path, 
     assert result["max_abs_diff_current_vs_baseline"] < 1e-5
 
 
+def test_ab_cpu_implementation_compares_int8_models_on_the_kernel_asked_for(tmp_path, capsys, monkeypatch):
+    import ab_cpu_implementation
+
+    monkeypatch.setenv("HF_ELMO_INT8_KERNEL", "int8-pack")
+    text = tmp_path / "sentences.txt"
+    text.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
+    baseline = tmp_path / "hf_elmo"
+    shutil.copytree(REPO / "hf_elmo", baseline, ignore=shutil.ignore_patterns("__pycache__"))
+    ab_cpu_implementation.main(["--baseline-dir", str(baseline), "--config", "tiny", "--text", str(text),
+                                "--batch-size", "2", "--rounds", "2", "--repeats", "1", "--threads", "1",
+                                "--cache-dir", str(tmp_path / "cache"), "--int8"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["int8_weights"] is True
+    assert result["int8_kernel"] == {"baseline": "int8-pack", "current": "int8-pack"}
+    # The same code on the same kernel and int8 values: the same vectors, bit for bit.
+    assert result["max_abs_diff_current_vs_baseline"] == 0.0
+
+
 def test_ab_pretrain_step_times_two_packages_training_the_same_batches(tmp_path, capsys):
     import ab_pretrain_step
 
