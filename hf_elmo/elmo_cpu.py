@@ -307,7 +307,8 @@ def _direction(
     cell, hidden = cell.t(), hidden.t()  # (lstm_dim, batch), (proj, batch)
     inputs = None if inputs is None else inputs.t()  # (proj, positions)
     batch_size, positions = cell.shape[1], sum(rows_at)
-    block_positions = max(1, INPUT_GATES_BLOCK_VALUES // (4 * lstm_dim))
+    # A block holds at least one step's rows.
+    block_positions = max(1, INPUT_GATES_BLOCK_VALUES // (4 * lstm_dim), batch_size)
 
     # Scratch buffers, shared by every layer and direction of this forward (fewer large allocations).
     def scratch(name: str, size: int, zeroed: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -315,12 +316,16 @@ def _direction(
             workspace[name] = cell.new_zeros(size, dtype=dtype) if zeroed else cell.new_empty(size, dtype=dtype)
         return workspace[name][:size]
 
-    # Where int8 weights run on "bf16-dot", they are widened once for all of this direction's steps.
+    # Where int8 weights run on "bf16-dot", they are widened once for all of this direction's products: the
+    # input map's too, which is multiplied once per block of positions (widening it per block cost as much as
+    # its product).
     step_products = {
         linear: RecurrenceProducts(
-            linear, batch_size, lambda name, size, role=role, **options: scratch(f"{role}_{name}", size, **options)
+            linear, columns, lambda name, size, role=role, **options: scratch(f"{role}_{name}", size, **options)
         )
-        for role, linear in (("recurrent", layer.recurrent_proj), ("projection", layer.output_proj))
+        for role, linear, columns in (("input", layer.input_proj, block_positions),
+                                      ("recurrent", layer.recurrent_proj, batch_size),
+                                      ("projection", layer.output_proj, batch_size))
         if isinstance(linear, Int8Linear) and linear.kernel == "bf16-dot"
     }
 
@@ -338,7 +343,7 @@ def _direction(
         # In chunks, with the matmul shape of the blocks (an odd shape makes MKL keep extra buffers).
         for chunk, rows in zip(table.split(batch_size), distinct[0].split(batch_size)):
             part = gates_buffer[: 4 * lstm_dim * rows.shape[0]].view(4 * lstm_dim, -1)
-            chunk.copy_(_product(layer.input_proj, rows.t(), out=part, add=bias, few_columns=False).t())
+            chunk.copy_(_product(layer.input_proj, rows.t(), part, bias, False, step_products).t())
         gathered_buffer = scratch("gathered", batch_size * 4 * lstm_dim)
 
     block_start = block_end = offset = 0
@@ -362,13 +367,10 @@ def _direction(
             if offset + rows > block_end:
                 # The input part of the gates, for the next block of positions at once.
                 block_start, block_end = offset, min(offset + block_positions, positions)
-                block_end = max(block_end, offset + rows)
                 width, block = block_end - block_start, inputs[:, block_start:block_end]
-                out = None
-                if width <= block_positions:
-                    buffer = scratch("input_gates", 4 * lstm_dim * block_positions)[: 4 * lstm_dim * width]
-                    out = buffer.view(4 * lstm_dim, width)
-                input_gates = _product(layer.input_proj, block, out=out, add=bias, few_columns=False)
+                out = scratch("input_gates", 4 * lstm_dim * block_positions)[: 4 * lstm_dim * width]
+                input_gates = _product(layer.input_proj, block, out.view(4 * lstm_dim, width), bias, False,
+                                       step_products)
             input_part = input_gates[:, offset - block_start : offset - block_start + rows]
         gates = gates_buffer[: 4 * lstm_dim * columns].view(4 * lstm_dim, columns)
         gates[:, :rows] = input_part  # the finished rows' columns keep earlier (finite) values

@@ -16,8 +16,8 @@ memory, not time). Which wins depends on the CPU, not on whether it has bf16 ins
   oneDNN's bf16 matmul (`torch.mm`), which on a CPU with bf16 dot-product instructions (AVX512-BF16 or AMX) does
   two multiply-adds where fp32 does one, and elsewhere is emulated. Measured on a Zen 4 core, 390 GFLOP/s at 32
   columns, against 145 for "int8-pack" and 115 for MKL's fp32 sgemm on the same shape (benchmarks/README.md). The
-  recurrence widens each direction's weights once, into buffers it reuses for every step (`RecurrenceProducts`);
-  other products widen a block of rows at a time.
+  recurrence widens each direction's input, recurrent and projection weights once, into buffers it reuses for
+  every product (`RecurrenceProducts`); other products widen a block of rows at a time.
 - "int8-pack": torch's int8 weight-only kernel (`aten._weight_int8pack_mm`, the kernel torchao's int8 weight-only
   mode calls on a CPU), which widens to fp32 inside; vectorised for AVX2 and AVX-512, and only for bf16
   activations (fp16 and fp32 activations measured 10-30x slower). It is handed scales of 1, and the scales applied
@@ -38,6 +38,7 @@ char CNN's convolutions and embeddings stay in fp32: a clip is still exact at it
 measured in benchmarks/README.md; the tests hold it to `INT8_FIXTURE_BOUND` on bilm-tf's fixture, on both kernels.
 """
 
+import functools
 import logging
 import os
 
@@ -282,10 +283,12 @@ class Int8Linear(nn.Module):
 
 class RecurrenceProducts:
     """
-    An `Int8Linear` on "bf16-dot" prepared for a recurrence's many products of a few columns: its int8 values
-    widened to bf16 once, and the buffers every step's product reuses, all from `buffer(name, numel, dtype=...,
-    zeroed=False)` (the caller's scratch memory, shared between layers). Widening per product would cost a third of
-    it; allocating per step fragments the heap (measured: +30-60 MiB peak RSS on "original").
+    An `Int8Linear` on "bf16-dot" prepared for the many products one direction of a recurrence layer runs, of at
+    most `max_columns` columns (each step's few; each block of positions' input gates): its int8 values widened to
+    bf16 once, and the buffers every product reuses, all from `buffer(name, numel, dtype=..., zeroed=False)` (the
+    caller's scratch memory, shared between layers). Widening per product would cost a third of a step's product
+    and about as much as a block's input product ("original", 128 positions: 5.2-6.4 against 3.1-3.7 ms here);
+    allocating per step fragments the heap (measured: +30-60 MiB peak RSS on "original").
     """
 
     def __init__(self, linear: Int8Linear, max_columns: int, buffer):
@@ -296,7 +299,9 @@ class RecurrenceProducts:
         self.scale = linear.weight_scale.float()[:, None]
         self.columns = buffer("columns", in_features * width, dtype=torch.bfloat16, zeroed=True)
         self.product = buffer("product", out_features * width, dtype=torch.bfloat16)
-        self.widened_product = buffer("widened_product", out_features * max_columns, dtype=torch.float32)
+        # Only a product added into its own output widens it first (`_scaled_into`): taken on the first such call.
+        self.widened_product = functools.partial(buffer, "widened_product", out_features * max_columns,
+                                                 dtype=torch.float32)
 
     def columns_product(self, columns: torch.Tensor, out: torch.Tensor, add: torch.Tensor | None = None):
         """`Int8Linear.columns_product` for `columns` `(in_features, n <= max_columns)`, into `out`."""
@@ -310,7 +315,7 @@ class RecurrenceProducts:
         rounded[:, :count] = columns
         product = self.product[: self.weight.shape[0] * width].view(-1, width)
         product = torch.mm(self.weight, rounded, out=product)[:, :count]
-        return _scaled_into(out, product, self.scale, add, self.widened_product)
+        return _scaled_into(out, product, self.scale, add, self.widened_product() if add is out else None)
 
 
 class Int8CpuError(RuntimeError):

@@ -189,15 +189,16 @@ def test_bilstm_lays_out_only_the_layers_asked_for(model):
     assert words[0][1].abs().max() == 0  # a row of length 2 is <S> </S> only
 
 
-@pytest.mark.parametrize("table_values", [1 << 22, 0])
-def test_small_work_blocks_give_the_same_result(table_values):
+@pytest.mark.parametrize("table_values, block_positions", [(1 << 22, 5), (0, 5), (0, 2)])
+def test_small_work_blocks_give_the_same_result(table_values, block_positions):
     # Force many input-gate blocks in the LSTM, many convolution chunks and highway chunks (one short) in the char
-    # encoder; with and without the first layer's table of distinct words.
+    # encoder; with and without the first layer's table of distinct words; blocks that would hold fewer positions
+    # than a step's 4 rows hold a step's.
     model = make_model(seed=17)
     ids = make_batch([13, 5, 9, 1], seed=18)
     with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
         reference = run(model, ids, "reference")
-        patch.setattr(elmo_cpu, "INPUT_GATES_BLOCK_VALUES", 4 * 24 * 5)  # 5 positions per block
+        patch.setattr(elmo_cpu, "INPUT_GATES_BLOCK_VALUES", 4 * 24 * block_positions)
         patch.setattr(elmo_cpu, "INPUT_GATES_TABLE_VALUES", table_values)
         patch.setattr(elmo_cpu, "CONV_CHUNK_POSITIONS", 16)
         patch.setattr(elmo_cpu, "HIGHWAY_CHUNK_WORDS", 4)
