@@ -157,10 +157,11 @@ def packed_host(args, sentences) -> dict:
     batches = [tokenizer(group, is_split_into_words=True, padding=True, return_tensors="pt")
                for group in workload.batches(sentences, args.batch_size)]
     calls, call_s, spent = collections.Counter(), collections.Counter(), {"bilstm": 0.0}
-    # (`_projection_output`: the projection step packed rows call as it is, since ef85abb; earlier revisions,
-    # measured with a copy of this script, have only the compiled `_projection_forward`.)
-    originals = {name: getattr(elmo_ops, name)
-                 for name in ("_step_forward", "_projection_forward", "_projection_output") if hasattr(elmo_ops, name)}
+    # (The projection's clip, as packed rows run it: `_clipped_into`, straight into the outputs, since 2026-11-29;
+    # `_projection_output`, called as it is, from ef85abb; earlier revisions, measured with a copy of this script,
+    # have only the compiled `_projection_forward`.)
+    names = ("_step_forward", "_projection_forward", "_projection_output", "_clipped_into")
+    originals = {name: getattr(elmo_ops, name) for name in names if hasattr(elmo_ops, name)}
 
     def timed(name, function):
         def run(*call_args):

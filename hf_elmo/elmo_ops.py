@@ -10,6 +10,7 @@ shapes in `pooled_convolutions`. Its products go through
 """
 
 import functools
+import math
 
 import torch
 
@@ -196,11 +197,19 @@ def _projection_output(projected, hidden, active, proj_clip: float):
     return torch.where(active, output.to(hidden.dtype), hidden), output * active
 
 
-# Compiled where every row reads every step (training). With packed rows (inference, `active` None) the function
-# is one clamp in fp32 (three kernels in bf16), and calling it as it is costs the host less than a compiled call
-# (Dynamo's guards, inductor's launcher): `benchmarks/gpu_proxies.py` (the host's work alone, on the CPU) measured
-# the projection at 26.5 us a layer-step compiled and 5.6 us called as it is, the biLSTM at 212 and 187 us.
+# Compiled where every row reads every step (training). Packed rows (inference) clip straight into the outputs
+# instead (`_clipped_into`): a compiled call costs the host more than those one or two kernels (Dynamo's guards,
+# inductor's launcher; `benchmarks/gpu_proxies.py` measured the projection at 26.5 us a layer-step compiled and 5.6
+# us called as it is).
 _projection_forward = _compiled(_projection_output)
+
+
+def _clipped_into(out, values, limit: float):
+    """`clip(values, limit)` written into the fp32 `out`: one kernel where the dtypes agree, else a cast into `out`
+    and a clip in place (a clamp's result must have its input's dtype)."""
+    if values.dtype == out.dtype and limit != math.inf:
+        return torch.clamp(values, -limit, limit, out=out)
+    return clip(out.copy_(values), limit, in_place=True)
 
 
 @_compiled
@@ -276,13 +285,13 @@ class ClippedLstmRecurrence(torch.autograd.Function):
         # Packed rows leave the state at their own last steps; with static shapes the last step's state is every
         # row's final one (a row that does not read a step keeps its state), and copying it was 4 kernels a layer.
         final_cell, final_hidden = (cell.clone(), hidden.clone()) if packed else (None, None)
-        # The state the steps read is always a tensor of its own, never a view: Dynamo guards a view's base too, and
-        # each new layout recompiled the step's kernels (training and packed inference in one process reached its
-        # limit of 8 graphs per function, inductor on the CPU, after which a new layout runs eagerly).
+        # The state the compiled kernels read is always a tensor of its own, never a view: Dynamo guards a view's
+        # base too, and each new layout recompiled the step's kernels (training and packed inference in one process
+        # reached its limit of 8 graphs per function, inductor on the CPU, after which a new layout runs eagerly).
+        # Packed rows' hidden state in fp32 inference is the step's slice of the outputs, read by eager products only.
         cell, hidden = cell.clone(), hidden.clone()
         saved = {name: [] for name in SAVED_PER_STEP}
         training = any(ctx.needs_input_grad)
-        project = _projection_output if packed else _projection_forward
         for t, rows in enumerate(schedule):
             if rows == 0:
                 break
@@ -293,10 +302,13 @@ class ClippedLstmRecurrence(torch.autograd.Function):
                 input_gates[t, :, :rows], matmul(hidden, recurrent), cell, step_active, cell_clip, training
             )
             projected = matmul(cell_output, projection)
-            new_hidden, step_output = project(projected, hidden, step_active, proj_clip)
             if packed:
-                outputs[t, :, :rows] = step_output
+                # Kept for the backward (training), the state must not be a view of the outputs, which the caller
+                # may change in place (the skip connection).
+                step_output = _clipped_into(outputs[t, :, :rows], projected, proj_clip)
+                new_hidden = step_output.to(hidden.dtype, copy=training)
             else:
+                new_hidden, step_output = _projection_forward(projected, hidden, step_active, proj_clip)
                 step_outputs.append(step_output)
             if training:
                 for name, value in zip(saved, (*activations, cell, hidden, cell_output, projected)):
