@@ -19,8 +19,10 @@ that both computed the same numbers. Timings compare only within one run.
 """
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -88,7 +90,8 @@ def main(argv=None) -> None:
 
     sentences, source = workload.sentences_from_args(parser, args)
     options, weights = random_bilm.ensure(args.config, args.cache_dir)
-    work = tempfile.mkdtemp(prefix="bench_allennlp_dropin-")
+    work = tempfile.mkdtemp(prefix="bench_allennlp_dropin-")  # the text and both sides' files
+    atexit.register(shutil.rmtree, work, True)
     os.environ.setdefault("HF_ELMO_CACHE", os.path.join(args.cache_dir, "hf_elmo_cache"))
     text = os.path.join(work, "sentences.txt")
     with open(text, "w", encoding="utf-8") as handle:

@@ -41,8 +41,10 @@ Examples:
 """
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -132,7 +134,8 @@ def main():
         "dtype_hf_elmo": args.dtype,
         "configs": {},
     }
-    scratch = tempfile.mkdtemp(prefix="side_by_side-")
+    scratch = tempfile.mkdtemp(prefix="side_by_side-")  # each side's first batch, compared at the end
+    atexit.register(shutil.rmtree, scratch, True)
     for config in args.configs:
         options, weights = random_bilm.ensure(config, args.cache_dir)
         paths = ["--options", options, "--weights", weights]

@@ -384,11 +384,14 @@ def test_the_allennlp_drop_in_benchmark_writes_the_same_file_as_allennlp(tmp_pat
     # Tiny random weights, 8 real sentences: both sides' files hold the same keys, index and numbers.
     command = [sys.executable, str(BENCHMARKS / "bench_allennlp_dropin.py"), "--config", "tiny", "--n-sentences", "8",
                "--batch-size", "4", "--rounds", "2", "--cache-dir", str(tmp_path)]
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TMPDIR": str(scratch)})
     assert done.returncode == 0, done.stderr[-3000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])
     assert line["n_sentences"] == 8 and line["max_abs_diff_vs_allennlp"] < 1e-5
+    assert list(scratch.glob("bench_allennlp_dropin-*")) == []  # its working folder is gone (torch's caches stay)
     assert len(line["tokens_per_s"]["hf_elmo"]) == len(line["ratio_per_round"]) == 2 and line["ratio_of_medians"] > 0
 
 
