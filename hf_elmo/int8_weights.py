@@ -300,8 +300,8 @@ class RecurrenceProducts:
         self.columns = buffer("columns", in_features * width, dtype=torch.bfloat16, zeroed=True)
         self.product = buffer("product", out_features * width, dtype=torch.bfloat16)
         # Only a product added into its own output widens it first (`_scaled_into`): taken on the first such call.
-        self.widened_product = functools.partial(buffer, "widened_product", out_features * max_columns,
-                                                 dtype=torch.float32)
+        self.widened_product = functools.cache(functools.partial(buffer, "widened_product", out_features * max_columns,
+                                                                 dtype=torch.float32))
 
     def columns_product(self, columns: torch.Tensor, out: torch.Tensor, add: torch.Tensor | None = None):
         """`Int8Linear.columns_product` for `columns` `(in_features, n <= max_columns)`, into `out`."""
