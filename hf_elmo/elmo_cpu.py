@@ -343,7 +343,8 @@ def _direction(
         # In chunks, with the matmul shape of the blocks (an odd shape makes MKL keep extra buffers).
         for chunk, rows in zip(table.split(batch_size), distinct[0].split(batch_size)):
             part = gates_buffer[: 4 * lstm_dim * rows.shape[0]].view(4 * lstm_dim, -1)
-            chunk.copy_(_product(layer.input_proj, rows.t(), part, bias, False, step_products).t())
+            chunk.copy_(_product(layer.input_proj, rows.t(), out=part, add=bias, few_columns=False,
+                                 step_products=step_products).t())
         gathered_buffer = scratch("gathered", batch_size * 4 * lstm_dim)
 
     block_start = block_end = offset = 0
@@ -369,8 +370,8 @@ def _direction(
                 block_start, block_end = offset, min(offset + block_positions, positions)
                 width, block = block_end - block_start, inputs[:, block_start:block_end]
                 out = scratch("input_gates", 4 * lstm_dim * block_positions)[: 4 * lstm_dim * width]
-                input_gates = _product(layer.input_proj, block, out.view(4 * lstm_dim, width), bias, False,
-                                       step_products)
+                input_gates = _product(layer.input_proj, block, out=out.view(4 * lstm_dim, width), add=bias,
+                                       few_columns=False, step_products=step_products)
             input_part = input_gates[:, offset - block_start : offset - block_start + rows]
         gates = gates_buffer[: 4 * lstm_dim * columns].view(4 * lstm_dim, columns)
         gates[:, :rows] = input_part  # the finished rows' columns keep earlier (finite) values
