@@ -181,12 +181,13 @@ def bilstm(
         row_of = forward_row.new_empty(batch_size * num_steps)
         row_of[forward_source] = forward_row
         distinct = (distinct_inputs, torch.stack([forward_row, row_of[backward_source]]))
-    # The first layer's inputs `(2, positions, width)`, unless it reads the table.
-    layer_input = None if distinct is not None else torch.stack([flat[forward_source], flat[backward_source]])
-
+    del distinct_inputs  # only the table reads it: without one, freed before the layers run
     workspace = {}
 
     def run_layer(index, layer_input):
+        if index == 0 and distinct is None:
+            # The first layer's inputs `(2, positions, width)`, made here so that they are freed with this call.
+            layer_input = torch.stack([flat[forward_source], flat[backward_source]])
         initial = (state[0][index][:, order], state[1][index][:, order])
         result = _layer(module, index, layer_input, *initial, rows_at, distinct if index == 0 else None, workspace)
         # Only the first layer reads the table.
@@ -195,13 +196,10 @@ def bilstm(
         return result
 
     packed_outputs, final_cells, final_hiddens = stack_layers(
-        run_layer, layer_input, len(module.forward_layers), module.use_skip_connections,
+        run_layer, None, len(module.forward_layers), module.use_skip_connections,
         keep=lambda index: index in output_layers, in_place=True,
     )
-    # Before the padded outputs are allocated: the workspace, and the first layer's inputs (3 MB for "original"
-    # at batch 32, unless it read the table).
-    workspace.clear()
-    del layer_input
+    workspace.clear()  # before the padded outputs are allocated
     # Unpack straight into the padded output layout (zeros past each row's length), backward outputs back in
     # reading order. Without the first and last positions, those land in one spare row past the end.
     out_steps = num_steps - 2 if words_only else num_steps

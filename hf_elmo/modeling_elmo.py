@@ -748,6 +748,7 @@ class ElmoModel(ElmoPreTrainedModel):
         tokens = self.char_encoder(char_ids.flatten(0, 1)).view(
             batch_size, num_words + 2, -1
         ) * sequence_mask[..., None]
+        del char_ids  # not alive through the biLSTM
 
         state = lstm_state
         if state is None:
@@ -764,9 +765,12 @@ class ElmoModel(ElmoPreTrainedModel):
 
         layers = lstm_outputs
         if output_hidden_states:
-            # The token layer is context-free: the same vector for both directions.
-            words = tokens if keep_sentence_boundaries else tokens[:, 1:-1] * mask[..., None]
-            token_layer = torch.cat([words, words], dim=-1)
+            # The token layer is context-free: the same vector for both directions. Masked in place, in the layer
+            # itself: a masked copy of the words first was one more tensor at the output's peak.
+            words = tokens if keep_sentence_boundaries else tokens[:, 1:-1]
+            token_layer = words.repeat(1, 1, 2)
+            if not keep_sentence_boundaries:
+                token_layer.mul_(mask[..., None])
             layers = [token_layer, *lstm_outputs]
         out_mask = sequence_mask if keep_sentence_boundaries else mask
 
