@@ -305,8 +305,9 @@ def _direction(
     cell, hidden = cell.t(), hidden.t()  # (lstm_dim, batch), (proj, batch)
     inputs = None if inputs is None else inputs.t()  # (proj, positions)
     batch_size, positions = cell.shape[1], sum(rows_at)
-    # A block holds at least one step's rows.
-    block_positions = max(1, INPUT_GATES_BLOCK_VALUES // (4 * lstm_dim), batch_size)
+    # A block holds at least one step's rows (the first step reads every row), and at most the layer's positions:
+    # a short batch allocates no more than it computes.
+    block_positions = min(positions, max(1, INPUT_GATES_BLOCK_VALUES // (4 * lstm_dim), batch_size))
 
     # Scratch buffers, shared by every layer and direction of this forward (fewer large allocations).
     def scratch(name: str, size: int, zeroed: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -609,6 +609,22 @@ def test_long_sentence_runs_with_memory_linear_in_words():
     assert peaks[2000] < 5 * peaks[500]
 
 
+def test_a_short_sentence_allocates_for_its_own_positions_not_a_whole_block():
+    # The "cpu" path computes input gates in blocks of up to INPUT_GATES_BLOCK_VALUES values (8 MB); a batch of
+    # fewer positions used to allocate the whole block anyway.
+    model = make_model(seed=16, lstm_dim=256, projection_dim=128)
+    ids = make_batch([10], seed=17, vocabulary=["w%d" % i for i in range(20)])
+    use(model, "cpu")
+    with torch.no_grad():
+        expected = model(ids).last_hidden_state
+        with PeakLiveBytes() as tracker:
+            out = model(ids).last_hidden_state
+    use(model, None)
+    assert torch.equal(out, expected)
+    # Its 12 positions' input gates, both directions, are 96 KiB; the block would be 8 MiB.
+    assert tracker.peak < 1 << 20
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
