@@ -16,7 +16,8 @@ What it runs:
 
 How it times (bench_utils.py, the same code the AllenNLP peer uses):
   eval, torch.no_grad; char ids are made up front (char_ids_s); one untimed warm-up batch; then --repeats
-  passes over all batches. tokens_per_s = words (no <S>/</S>, no padding) / the sum over batches of each
+  passes over all batches, each returning the top layer (AutoModel's default; --all-layers: every layer, as
+  AllenNLP's _ElmoBiLm does). tokens_per_s = words (no <S>/</S>, no padding) / the sum over batches of each
   batch's fastest pass. split_s: time in the char CNN and the biLSTM (the chosen implementation's two
   functions, or the forward of model.char_encoder and model.bilstm in older models; on cuda the timers
   synchronize the device, which costs a little).
@@ -152,6 +153,9 @@ def main():
                      help="which implementation of the model runs (see above; default auto)")
     run.add_argument("--cache-vocab", action="store_true",
                      help="turn on the model's token-vector cache, filled with the workload's words before timing")
+    run.add_argument("--all-layers", action="store_true",
+                     help="time every layer (output_hidden_states=True), the output AllenNLP's _ElmoBiLm always "
+                          "gives; default: the top layer, AutoModel's default output")
     run.add_argument("--skip-check", action="store_true", help="skip the comparison with the reference implementation")
     run.add_argument("--top-ops", type=int, default=0, metavar="N",
                      help="after timing, one more pass under torch.profiler: the N operators taking the most self time "
@@ -222,7 +226,7 @@ def main():
             model.char_encoder(ids.to(device))
 
         def run_batch(i):
-            return model(input_ids=inputs[i][0], attention_mask=inputs[i][1])
+            return model(input_ids=inputs[i][0], attention_mask=inputs[i][1], output_hidden_states=args.all_layers)
 
         timing = bench_utils.time_passes(run_batch, len(inputs), args.repeats, parts,
                                          wait_quiet_s=args.wait_quiet, synchronize=synchronize)
@@ -279,6 +283,7 @@ def main():
         "int8_kernel": next((m.kernel for m in model.modules() if hasattr(m, "weight_int8")), None),
         "device": args.device,
         "token_cache": args.cache_vocab,
+        "layers": "all" if args.all_layers else "top",
         **speed,
         "max_abs_diff_vs_reference": max_diff,
         **profile,

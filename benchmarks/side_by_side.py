@@ -15,6 +15,8 @@ Both sides get:
     --synthetic) and written to a words file that both sides read (workload_sha1 must agree);
   - the same timing code (bench_utils.py): fp32 by default, --threads 2, batches of 32 sentences in order,
     --repeats 5 passes, each batch counted at its fastest pass.
+They differ in one thing by default: AllenNLP's biLM returns every layer, hf_elmo's timed passes its top layer
+(AutoModel's default output, two layers' tensors fewer at the peak); --all-layers makes them return the same.
 The first batch's outputs of both sides are compared (max_abs_diff_vs_allennlp, every layer; AllenNLP's LSTM
 state is reset first): it shows that both computed the same function.
 
@@ -37,6 +39,7 @@ Examples:
   python benchmarks/side_by_side.py --synthetic                    # the earlier 200-word-list workload
   python benchmarks/side_by_side.py --dtype bf16                   # hf_elmo in bf16 (AllenNLP stays fp32)
   python benchmarks/side_by_side.py --int8                         # and hf_elmo with int8 weights, a third side
+  python benchmarks/side_by_side.py --all-layers                   # hf_elmo returns every layer, as AllenNLP does
   python benchmarks/side_by_side.py --device cuda --batch-size 256  # both on one GPU (AllenNLP in fp32)
 """
 
@@ -101,6 +104,9 @@ def main():
     parser.add_argument("--int8", action="store_true",
                         help="also run hf_elmo with int8 weights (bench_inference.py --int8) as a third side, in the "
                              "same rounds: its speed, memory and largest difference from the fp32 model")
+    parser.add_argument("--all-layers", action="store_true",
+                        help="hf_elmo returns every layer, as AllenNLP's _ElmoBiLm always does (bench_inference.py "
+                             "--all-layers); default: its top layer, AutoModel's default output")
     parser.add_argument("--wheel", help="a local allennlp-0.9.0-py3-none-any.whl (default: fetched with pip)")
     parser.add_argument("--cache-dir", default=random_bilm.default_dir(),
                         help="random weights, converted folders, workload files (default $HF_ELMO_BENCH_CACHE or "
@@ -132,6 +138,7 @@ def main():
         "rounds": args.rounds,
         "device": args.device,
         "dtype_hf_elmo": args.dtype,
+        "layers": {"hf_elmo": "all" if args.all_layers else "top", "allennlp": "all"},
         "configs": {},
     }
     scratch = tempfile.mkdtemp(prefix="side_by_side-")  # each side's first batch, compared at the end
@@ -144,7 +151,8 @@ def main():
                         *common, *(["--wheel", args.wheel] if args.wheel else [])]
         ours_command = [sys.executable, os.path.join(HERE, "bench_inference.py"), *paths, "--text", words_file,
                         "--pretokenized", "--n-sentences", str(len(sentences)), "--dtype", args.dtype,
-                        "--implementation", args.implementation, "--cache-dir", args.cache_dir, *common]
+                        "--implementation", args.implementation, "--cache-dir", args.cache_dir, *common,
+                        *(["--all-layers"] if args.all_layers else [])]
         commands = {"peer": peer_command, "ours": ours_command}
         if args.int8:
             commands["int8"] = ours_command + ["--int8"]

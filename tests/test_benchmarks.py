@@ -61,6 +61,7 @@ def test_bench_inference_reports_real_figures(tmp_path):
     # The model and the timing.
     assert result["config"] == "2x32_16_32cnn_1xhighway"
     assert result["device"] == "cpu" and result["dtype"] == "fp32" and result["threads"] == 1
+    assert result["layers"] == "top"  # AutoModel's default output; --all-layers times every layer
     assert result["tokens_per_s"] > 0 and len(result["pass_s"]) == 2 and len(result["fastest_batch_s"]) == 3
     assert result["tokens_per_s"] >= result["tokens_per_s_best_pass"] >= result["tokens_per_s_median_pass"] * 0.999
     assert result["tokens_per_s"] == pytest.approx(result["n_words"] / sum(result["fastest_batch_s"]), rel=1e-3)
@@ -353,8 +354,8 @@ def test_gpu_report_names_a_synchronising_call_by_its_python_call_site():
 
 
 def test_bench_inference_with_int8_weights_is_checked_against_the_fp32_model(tmp_path):
-    result = run_bench(tmp_path, "--load", "converted", "--int8")
-    assert result["int8_weights"] is True and result["tokens_per_s"] > 0
+    result = run_bench(tmp_path, "--load", "converted", "--int8", "--all-layers")
+    assert result["int8_weights"] is True and result["tokens_per_s"] > 0 and result["layers"] == "all"
     assert result["int8_kernel"] in ("bf16-dot", "int8-pack")
     # Against the fp32 model's reference implementation: int8 changes the outputs, within int8's error.
     assert 1e-4 < result["max_abs_diff_vs_reference"] < 0.1
