@@ -46,11 +46,12 @@ minute after it is stopped:
   under `accelerate launch --multi_gpu --num_processes N`: tokens/s per GPU for each, and their ratio; with one GPU
   (or `--smoke`) it records that it skipped and why.
 - `inference`: `side_by_side.py --device cuda`, original at batch 256: hf_elmo and AllenNLP 0.9.0 in fp32 on the
-  same GPU, weights and words (hf_elmo returning its top layer, as in every earlier report), with the ratio and the largest difference (the peer needs the allennlp wheel,
-  carried in $HF_ELMO_TEST_CACHE on a machine without network; without it the report records the peer's one-line
-  error), and one more pass of hf_elmo's profiled (`hf_elmo_profile`: top kernels, kernels per batch, and the GPU's
-  busy fraction over the timed batches: far below 1, the host sets inference's pace). Small and bf16 are left out
-  to fit the 6 minutes (`bench_inference.py --dtype bf16` measures the latter alone).
+  same GPU, weights and words (hf_elmo returning its top layer, as in every earlier report), with the ratio and the
+  largest difference (the peer needs the allennlp wheel, carried in $HF_ELMO_TEST_CACHE on a machine without
+  network; without it the report records the peer's one-line error), and one more pass of hf_elmo's profiled
+  (`hf_elmo_profile`: top kernels, kernels per batch, and the GPU's busy fraction over the timed batches: far below
+  1, the host sets inference's pace). Small and bf16 are left out to fit the 6 minutes (`bench_inference.py
+  --dtype bf16` measures the latter alone).
 - `captured_step`: the same figures for the step compiled whole (`--compile-backend inductor`: two graphs traced
   with fullgraph=True, so also `graphs` and `graph_breaks`, 0; replayed through torch.compile's CUDA graphs;
   inductor draws its own random numbers, so the comparison runs with `fallback_random`), on sentences of 1-2 words
