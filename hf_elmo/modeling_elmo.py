@@ -745,9 +745,7 @@ class ElmoModel(ElmoPreTrainedModel):
         char_ids = torch.cat([boundaries[0].expand(batch_size, 1, -1), input_ids, padding], dim=1)
         char_ids = torch.where((positions == lengths[:, None] + 1)[..., None], boundaries[1], char_ids)
         # One expression, so that the unmasked vectors are freed before the biLSTM runs.
-        tokens = self.char_encoder(char_ids.flatten(0, 1)).view(
-            batch_size, num_words + 2, -1
-        ) * sequence_mask[..., None]
+        tokens = self.char_encoder(char_ids.flatten(0, 1)).unflatten(0, sequence_mask.shape) * sequence_mask[..., None]
         del char_ids  # not alive through the biLSTM
 
         state = lstm_state
@@ -765,12 +763,9 @@ class ElmoModel(ElmoPreTrainedModel):
 
         layers = lstm_outputs
         if output_hidden_states:
-            # The token layer is context-free: the same vector for both directions. Masked in place, in the layer
-            # itself: a masked copy of the words first was one more tensor at the output's peak.
-            words = tokens if keep_sentence_boundaries else tokens[:, 1:-1]
-            token_layer = words.repeat(1, 1, 2)
-            if not keep_sentence_boundaries:
-                token_layer.mul_(mask[..., None])
+            # The token layer is context-free: the words repeated for both directions, masked in place (no copy).
+            token_layer = (tokens if keep_sentence_boundaries else tokens[:, 1:-1]).repeat(1, 1, 2)
+            token_layer = token_layer if keep_sentence_boundaries else token_layer.mul_(mask[..., None])
             layers = [token_layer, *lstm_outputs]
         out_mask = sequence_mask if keep_sentence_boundaries else mask
 
