@@ -765,7 +765,8 @@ class ElmoModel(ElmoPreTrainedModel):
         if output_hidden_states:
             # The token layer is context-free: the words repeated for both directions, masked in place (no copy).
             token_layer = (tokens if keep_sentence_boundaries else tokens[:, 1:-1]).repeat(1, 1, 2)
-            token_layer = token_layer if keep_sentence_boundaries else token_layer.mul_(mask[..., None])
+            if not keep_sentence_boundaries:
+                token_layer.mul_(mask[..., None])
             layers = [token_layer, *lstm_outputs]
         out_mask = sequence_mask if keep_sentence_boundaries else mask
 
