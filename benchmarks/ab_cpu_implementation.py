@@ -47,7 +47,7 @@ for _path in (HERE, REPO):
 import bench_utils  # noqa: E402
 import random_bilm  # noqa: E402
 import workload  # noqa: E402
-from bench_inference import converted_folder  # noqa: E402
+from bench_inference import converted_folder, int8_kernel  # noqa: E402
 
 from hf_elmo import ElmoModel, ElmoTokenizer  # noqa: E402
 
@@ -115,11 +115,6 @@ def main(argv: list[str] | None = None):
     # The baseline's files stay until the end: its modules may import others lazily.
     with tempfile.TemporaryDirectory(prefix="ab-baseline-") as scratch:
         compare(args, sentences, source_name, *baseline_package(args.baseline, args.baseline_dir, scratch))
-
-
-def int8_kernel(model) -> str | None:
-    """The kernel a model's int8 maps multiply on (the `kernel` of its first one)."""
-    return next((module.kernel for module in model.modules() if hasattr(module, "weight_int8")), None)
 
 
 def compare(args, sentences: list[list[str]], source_name: str, folder: str, origin: str):

@@ -101,6 +101,13 @@ def load_from_hdf5(options: str, weights: str, dtype: torch.dtype) -> ElmoModel:
     return model.to(dtype).eval()
 
 
+def int8_kernel(model) -> str | None:
+    """The kernel a model's int8 maps multiply on (the `kernel` of its first one; None without int8 weights): measured
+    faster when the model was quantized, or HF_ELMO_INT8_KERNEL. By attribute, so that a copy of an older hf_elmo's
+    model (ab_cpu_implementation.py's baseline) answers too."""
+    return next((module.kernel for module in model.modules() if hasattr(module, "weight_int8")), None)
+
+
 def select_implementation(model: ElmoModel, name: str) -> str:
     """Apply --implementation; returns how it was applied."""
     if hasattr(model, "set_elmo_implementation"):
@@ -279,8 +286,7 @@ def main():
         "repeats": args.repeats,
         "dtype": args.dtype,
         "int8_weights": args.int8,
-        # The kernel the int8 products ran on: measured faster when the model was quantized, or HF_ELMO_INT8_KERNEL.
-        "int8_kernel": next((m.kernel for m in model.modules() if hasattr(m, "weight_int8")), None),
+        "int8_kernel": int8_kernel(model),
         "device": args.device,
         "token_cache": args.cache_vocab,
         "layers": "all" if args.all_layers else "top",
