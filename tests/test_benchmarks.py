@@ -328,6 +328,8 @@ def test_gpu_proxies_count_a_captured_steps_operators_and_time_the_packed_steps_
     host = result["packed_host"]
     assert host["layer_steps_per_batch"] == sum(2 * (n + 2) for n in longest) / len(longest)
     assert host["bilstm_us_per_layer_step"] > host["calls_us_per_layer_step"]["_step_forward"] > 0
+    # Every call of the step's kernel ran its compiled graph (after `step_ops`, none did).
+    assert host["step_calls_compiled"] == 1.0
 
 
 def test_the_timed_busy_fraction_puts_the_profiled_gpu_time_over_the_unprofiled_wall():
