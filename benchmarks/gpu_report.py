@@ -60,6 +60,9 @@ minute after it is stopped:
   graphs, and host syncs are not counted (None: counting them there would trace the graphs again; recorded_step
   counts the same Python).
 
+After the sections, `targets`: issue 44's GPU targets, each with the report's figure and whether it meets it (`met`
+None where the report did not measure it, and in a `--smoke` run).
+
 `--smoke` runs every section on the CPU with tiny shapes and a few steps (the test suite runs it, so that the
 report cannot rot); its figures mean nothing.
 """
@@ -583,6 +586,48 @@ SECTIONS = {
 }
 
 
+# Issue 44's targets for one H100 or H200 (bf16 pretraining at batch 128, real text): the figure, where the report
+# holds it, and its bound.
+TARGETS = {
+    "small_pretraining_tokens_per_s": ("at_least", 150_000),
+    "original_pretraining_tokens_per_s_793k_words": ("at_least", 100_000),
+    "recorded_step_gpu_busy_fraction": ("at_least", 0.8),
+    "recorded_step_host_syncs": ("at_most", 0),
+    "recorded_step_kernel_launches": ("at_most", 50),
+    "inference_original_fp32_against_allennlp": ("at_least", 5.0),
+    "report_wall_s": ("at_most", 360),
+}
+
+
+def target_figures(report: dict) -> dict:
+    """Each of `TARGETS` with the report's figure and whether it meets its bound: `met` None where the report did not
+    measure it (a section skipped, cut or failed; every figure of a `--smoke` run, which measures the CPU)."""
+    sections = report["sections"]
+    runs = sections.get("pretraining", {}).get("runs", [])
+    pretraining = {(run.get("config"), run.get("vocab_size")): run.get("tokens_per_s") for run in runs}
+    small = next((tokens for (config, _), tokens in pretraining.items() if config == "small"), None)
+    recorded = sections.get("recorded_step", {})
+    # The report's length counts only if no section or run failed, or was skipped or stopped at the budget (each of
+    # these says "budget"): they would have taken longer.
+    whole = not any(re.search(r'budget|"error"', json.dumps(section, default=str)) for section in sections.values())
+    figures = {
+        "small_pretraining_tokens_per_s": small,
+        "original_pretraining_tokens_per_s_793k_words": pretraining.get(("original", BILM_TF_1B_WORD_VOCAB)),
+        "recorded_step_gpu_busy_fraction": recorded.get("gpu_busy_fraction"),
+        "recorded_step_host_syncs": recorded.get("host_syncs_per_step"),
+        "recorded_step_kernel_launches": recorded.get("kernel_launches_per_step"),
+        "inference_original_fp32_against_allennlp": sections.get("inference", {}).get("original", {}).get(
+            "ratio_of_medians"),
+        "report_wall_s": report.get("wall_s") if whole else None,
+    }
+    targets = {}
+    for name, (bound, value) in TARGETS.items():
+        figure = None if report["smoke"] else figures[name]
+        met = None if figure is None else (figure >= value if bound == "at_least" else figure <= value)
+        targets[name] = {"figure": figure, bound: value, "met": met}
+    return targets
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -614,6 +659,7 @@ def main(argv=None) -> int:
         # Each finished section at once on stderr too: a run killed at a device lease's limit keeps what it measured.
         print(json.dumps({"section": name, **result}, default=str), file=sys.stderr, flush=True)
     report["wall_s"] = round(time.perf_counter() - start, 1)
+    report["targets"] = target_figures(report)
     print(json.dumps(report, default=str))
     return 0
 

@@ -237,6 +237,10 @@ def test_gpu_report_smoke_runs_every_section_on_the_cpu():
     progress = [json.loads(line) for line in done.stderr.splitlines() if line.startswith('{"section"')]
     assert [line.pop("section") for line in progress] == list(sections) and progress == list(sections.values())
     assert not [name for name, section in sections.items() if "error" in section], sections
+    import gpu_report
+
+    assert list(report["targets"]) == list(gpu_report.TARGETS) and all(
+        t["figure"] is None and t["met"] is None for t in report["targets"].values())  # the CPU measures none
     assert sections["environment"]["versions"]["torch"] == __import__("torch").__version__
     status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
                             capture_output=True, text=True)
@@ -339,6 +343,41 @@ def test_the_timed_busy_fraction_puts_the_profiled_gpu_time_over_the_unprofiled_
 
     profiled = {"device_s_per_step": 0.012, "wall_s_per_step": 0.05}
     assert bench_utils.timed_busy_fraction(profiled, "step", 10, 0.16) == 0.75
+
+
+def test_gpu_report_says_which_of_issue_44s_targets_its_figures_meet():
+    import gpu_report
+
+    # The figures of the H100 report of 2026-11-28 (benchmarks/README.md), as its sections hold them.
+    sections = {
+        "recorded_step": {"gpu_busy_fraction": 0.672, "host_syncs_per_step": 0.0, "kernel_launches_per_step": 4},
+        "pretraining": {"runs": [{"config": "small", "vocab_size": 15719, "tokens_per_s": 105099.2},
+                                 {"config": "original", "vocab_size": 793471, "tokens_per_s": 66645.0},
+                                 {"config": "original", "vocab_size": 15719, "tokens_per_s": 67057.0}]},
+        "data_parallel": {"skipped": "1 GPU(s): tokens/s per GPU for 1 and N processes needs at least 2"},
+        "inference": {"original": {"ratio_of_medians": 2.29}},
+    }
+    targets = gpu_report.target_figures({"smoke": False, "sections": sections, "wall_s": 355.0})
+    assert {name: (t["figure"], t["met"]) for name, t in targets.items()} == {
+        "small_pretraining_tokens_per_s": (105099.2, False),
+        "original_pretraining_tokens_per_s_793k_words": (66645.0, False),
+        "recorded_step_gpu_busy_fraction": (0.672, False),
+        "recorded_step_host_syncs": (0.0, True),
+        "recorded_step_kernel_launches": (4, True),
+        "inference_original_fp32_against_allennlp": (2.29, False),
+        "report_wall_s": (355.0, True),
+    }
+    assert targets["recorded_step_kernel_launches"]["at_most"] == 50
+    assert targets["small_pretraining_tokens_per_s"]["at_least"] == 150_000
+    # A section cut at the budget, or failed, leaves the report's length unmeasured, as the CPU's smoke run leaves
+    # every figure.
+    cut = {**sections, "captured_step": {"skipped": "the 330 s budget was spent"}}
+    assert gpu_report.target_figures({"smoke": False, "sections": cut, "wall_s": 300.0})["report_wall_s"]["met"] is None
+    failed = {**sections, "inference": {"error": "ModuleNotFoundError: allennlp"}}
+    assert gpu_report.target_figures({"smoke": False, "sections": failed, "wall_s": 300.0})["report_wall_s"][
+        "figure"] is None
+    smoke = gpu_report.target_figures({"smoke": True, "sections": sections, "wall_s": 50.0})
+    assert {t["met"] for t in smoke.values()} == {None}
 
 
 def test_gpu_report_names_a_synchronising_call_by_its_python_call_site():
