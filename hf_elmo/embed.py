@@ -400,12 +400,3 @@ def _embed_batch(model, tokenizer, pieces: list[_Piece], layers: str, out, dtype
             out[piece.key][:, span] = vectors[row, :, :n].astype(dtype)
         else:
             out[piece.key][span] = vectors[row, :n].astype(dtype)
-
-
-def read_embeddings(path: str, line: int) -> tuple[np.ndarray, list[str]]:
-    """The vectors and words of 1-based `line` of the input of an `hf-elmo embed` output file."""
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        dataset = f[str(line - 1)]
-        return dataset[...], json.loads(dataset.attrs["words"])
